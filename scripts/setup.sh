@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command to set up a fresh machine for vigil development and CI:
+# system packages the tests start for real, a virtual environment in .venv, and vigil with its
+# dev extras installed editable. torch is pinned by constraints.txt to the CPU wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt_packages=()
+  if [ ${#apt_packages[@]} -gt 0 ]; then
+    missing=()
+    for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    fi
+  fi
+fi
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+.venv/bin/vigil version

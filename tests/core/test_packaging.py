@@ -1,0 +1,71 @@
+"""A wheel of vigil installs into a fresh venv and imports every subpackage."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBPACKAGES = ["agent", "collector", "analyzer", "recovery", "trainer", "kernels"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = dist.glob("vigil-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    # The wheel itself goes in for real; its dependencies come from this environment's
+    # site-packages through a .pth line (which does not run this checkout's editable hook).
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    imports = "; ".join(f"import vigil.{p}" for p in SUBPACKAGES)
+    code = f"import vigil, pathlib; {imports}; print(pathlib.Path(vigil.__file__).parent)"
+    where = subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(site), "vigil must come from the wheel"
+    for part in SUBPACKAGES:
+        assert (site / "vigil" / part / "__init__.py").is_file()
+    version = subprocess.run(
+        [env_dir / "bin" / "vigil", "version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("vigil ")

@@ -1,0 +1,212 @@
+"""The one codec every vigil part uses: msgpack batches (optionally zstd-compressed) and JSON lines.
+
+A batch frame is `MAGIC + flags byte + payload`, the payload being a msgpack `schema.Batch`.
+Decoding is bounded (compressed size, decompressed size, record count) and every failure raises
+`DecodeError`, which names the record type, the field and the problem. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import zstandard
+
+from vigil import schema
+
+MAGIC = b"VGL"
+FLAG_ZSTD = 0x01
+_KNOWN_FLAGS = FLAG_ZSTD
+
+# 32 MiB on the wire and 256 MiB inflated hold ~1M step records: far above one shipment of a
+# 10,000-rank job's step, far below what would let one sender exhaust a collector's memory.
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_RECORDS = 1_000_000
+# zstd level 3 is zstd's own default: ~4x on step records at hundreds of MB/s per core.
+ZSTD_LEVEL = 3
+
+T = TypeVar("T")
+
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(schema.Batch)
+_json_encoder = msgspec.json.Encoder()
+_record_json_decoder = msgspec.json.Decoder(schema.Record)
+_PATH_RE = re.compile(r"^\$\.records\[(\d+)\](?:\.(.*))?$")
+
+
+class DecodeError(ValueError):
+    """A payload could not be decoded; says which record type, which field and what was wrong."""
+
+    def __init__(self, record_type: str, field: str, problem: str) -> None:
+        self.record_type = record_type
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{record_type}.{field}: {problem}")
+
+
+def new_batch_id() -> str:
+    """A fresh idempotency key for one shipment."""
+    return uuid.uuid4().hex
+
+
+def encode_batch(
+    records: Sequence[schema.Record],
+    *,
+    batch_id: str | None = None,
+    source: str = "",
+    compress: bool = True,
+    sent_s: float | None = None,
+) -> bytes:
+    """Frame `records` into one batch; `batch_id` defaults to a fresh one."""
+    batch = schema.Batch(
+        v=schema.SCHEMA_VERSION,
+        batch_id=batch_id or new_batch_id(),
+        sent_s=time.time() if sent_s is None else sent_s,
+        source=source,
+        records=list(records),
+    )
+    payload = _msgpack_encoder.encode(batch)
+    if compress:
+        payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(payload)
+        return MAGIC + bytes([FLAG_ZSTD]) + payload
+    return MAGIC + b"\x00" + payload
+
+
+def decode_batch(
+    data: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_records: int = DEFAULT_MAX_RECORDS,
+) -> schema.Batch:
+    """Decode one frame from `encode_batch`; raises DecodeError on anything malformed."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError("Batch", "<frame>", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise DecodeError(
+            "Batch", "<frame>", f"{len(data)} bytes exceeds the {max_bytes} byte limit"
+        )
+    if len(data) < len(MAGIC) + 1 or bytes(data[: len(MAGIC)]) != MAGIC:
+        raise DecodeError("Batch", "<frame>", "not a vigil batch (bad magic bytes or truncated)")
+    flags = data[len(MAGIC)]
+    if flags & ~_KNOWN_FLAGS:
+        raise DecodeError("Batch", "<frame>", f"unknown frame flags 0x{flags:02x}")
+    payload = bytes(data[len(MAGIC) + 1 :])
+    if flags & FLAG_ZSTD:
+        payload = _decompress(payload, max_decompressed_bytes)
+    try:
+        batch = _batch_decoder.decode(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _explain(payload, exc) from exc
+    if batch.v != schema.SCHEMA_VERSION:
+        raise _wrong_version(batch.v)
+    if len(batch.records) > max_records:
+        raise DecodeError(
+            "Batch", "records", f"{len(batch.records)} records exceeds the {max_records} limit"
+        )
+    return batch
+
+
+def _decompress(payload: bytes, limit: int) -> bytes:
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(payload)
+        out = reader.read(limit + 1)
+        # A frame may hold more data than one read returns; keep reading up to the limit.
+        chunks = [out]
+        total = len(out)
+        while out and total <= limit:
+            out = reader.read(limit + 1 - total)
+            chunks.append(out)
+            total += len(out)
+    except zstandard.ZstdError as exc:
+        raise DecodeError("Batch", "<frame>", f"corrupt zstd payload: {exc}") from exc
+    if total > limit:
+        raise DecodeError("Batch", "<frame>", f"decompresses beyond the {limit} byte limit")
+    if total == 0:
+        raise DecodeError("Batch", "<frame>", "empty or truncated zstd payload")
+    return b"".join(chunks)
+
+
+def _wrong_version(version: object) -> DecodeError:
+    return DecodeError(
+        "Batch",
+        "v",
+        f"schema version {version!r} is not supported (this vigil speaks {schema.SCHEMA_VERSION})",
+    )
+
+
+def _explain(payload: bytes, exc: Exception) -> DecodeError:
+    """Turn a msgspec error into a DecodeError that names record type and field."""
+    if not isinstance(exc, msgspec.ValidationError):  # malformed or truncated bytes
+        return DecodeError("Batch", "<payload>", str(exc))
+    message, _, path = str(exc).partition(" - at `")
+    path = path.rstrip("`")
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        raw = None
+    if isinstance(raw, dict) and raw.get("v", schema.SCHEMA_VERSION) != schema.SCHEMA_VERSION:
+        return _wrong_version(raw.get("v"))
+    match = _PATH_RE.match(path)
+    if match is None:
+        field = path.removeprefix("$.") if path.startswith("$.") else "<payload>"
+        return DecodeError("Batch", field or "<payload>", message)
+    index, field = int(match.group(1)), match.group(2) or "<record>"
+    return DecodeError(_record_type_at(raw, index), field, message)
+
+
+def _record_type_at(raw: Any, index: int) -> str:
+    try:
+        tag = raw["records"][index]["type"]
+    except (KeyError, IndexError, TypeError):
+        return "Record"
+    cls = schema.RECORD_TAGS.get(tag) if isinstance(tag, str) else None
+    return cls.__name__ if cls is not None else f"Record(type={tag!r})"
+
+
+def encode_json(record: schema.Record) -> bytes:
+    """One record as a JSON object (the JSONL line format, without the newline)."""
+    return _json_encoder.encode(record)
+
+
+def encode_json_lines(records: Iterable[schema.Record]) -> bytes:
+    """Records as newline-delimited JSON."""
+    return _json_encoder.encode_lines(list(records))
+
+
+def decode_json(line: bytes | str) -> schema.Record:
+    """One JSONL line back into its record; raises DecodeError naming type and field."""
+    try:
+        return _record_json_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        message, _, path = str(exc).partition(" - at `")
+        path = path.rstrip("`").removeprefix("$").removeprefix(".")
+        try:
+            tag = msgspec.json.decode(line).get("type")
+        except (msgspec.DecodeError, AttributeError):
+            tag = None
+        cls = schema.RECORD_TAGS.get(tag) if isinstance(tag, str) else None
+        name = cls.__name__ if cls is not None else "Record"
+        raise DecodeError(name, path or "<record>", message) from exc
+    except msgspec.DecodeError as exc:
+        raise DecodeError("Record", "<line>", str(exc)) from exc
+
+
+def decode_as(data: bytes, type_: type[T]) -> T:
+    """Decode msgpack bytes into `type_` (used for control messages and single structs)."""
+    try:
+        return msgspec.msgpack.decode(data, type=type_)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        message, _, path = str(exc).partition(" - at `")
+        field = path.rstrip("`").removeprefix("$").removeprefix(".") or "<payload>"
+        raise DecodeError(getattr(type_, "__name__", str(type_)), field, message) from exc
+
+
+def encode(obj: Any) -> bytes:
+    """Plain msgpack encoding of a Struct (or builtins) with the shared encoder."""
+    return _msgpack_encoder.encode(obj)

@@ -1,0 +1,29 @@
+"""Every VIGIL_* environment variable vigil reads, declared once, each with why it exists.
+
+Settings classes (`vigil.settings`) read most of these through pydantic-settings' `VIGIL_` prefix;
+the names below are the single list users and docs refer to. Nothing here reads the environment at
+import time.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EnvVar(enum.StrEnum):
+    # Where the SDK writes JSONL files when no collector is configured, for `vigil analyze`.
+    OUTPUT_DIR = "VIGIL_OUTPUT_DIR"
+    # The collector's base URL for the SDK and agent; unset means "write files locally".
+    COLLECTOR_URL = "VIGIL_COLLECTOR_URL"
+    # Bearer token the SDK/agent present to a collector that requires one.
+    TOKEN = "VIGIL_TOKEN"
+    # Where vigil keeps its own state (SQLite store, spool) when no path is given.
+    DATA_DIR = "VIGIL_DATA_DIR"
+    # Log level for the CLI entry point (DEBUG, INFO, WARNING, ...).
+    LOG_LEVEL = "VIGIL_LOG_LEVEL"
+    # Log format for the CLI entry point: "plain" for people, "json" for log pipelines.
+    LOG_FORMAT = "VIGIL_LOG_FORMAT"
+    # Allows insecure conveniences (no auth on non-loopback binds) on a developer's machine.
+    DEV_MODE = "VIGIL_DEV_MODE"
+    # Fault injection spec for the bundled trainer, shared by tests, demos and benchmarks.
+    FAULTS = "VIGIL_FAULTS"

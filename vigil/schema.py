@@ -1,0 +1,331 @@
+"""The wire contract: every record vigil's parts exchange, as versioned msgspec Structs.
+
+These types are shared by the SDK, the node agent, the collector, the analyzer and the recovery
+controller. They hold data only: no I/O, no imports of other vigil packages. Times are seconds:
+`*_s` fields ending a wall-clock instant are Unix seconds (float); durations are seconds too.
+
+Compatibility rule: SCHEMA_VERSION is bumped when a field is removed, renamed or changes meaning.
+Adding an optional field (with a default) keeps the version; old decoders ignore unknown fields.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class RankState(enum.StrEnum):
+    STARTING = "starting"
+    COMPUTE = "compute"
+    IN_COLLECTIVE = "in_collective"
+    DATA = "data"
+    CHECKPOINTING = "checkpointing"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class FindingKind(enum.StrEnum):
+    STRAGGLER = "straggler"
+    HANG = "hang"
+    MFU_DROP = "mfu_drop"
+    SLOW_LINK = "slow_link"
+    NODE_FAULT = "node_fault"
+    SDC = "sdc"
+    DATA_STALL = "data_stall"
+    STAGE_IMBALANCE = "stage_imbalance"
+    SEQLEN_IMBALANCE = "seqlen_imbalance"
+    CRASH = "crash"
+
+
+class FindingState(enum.StrEnum):
+    OPEN = "open"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+
+
+class ActionKind(enum.StrEnum):
+    CHECKPOINT = "checkpoint"
+    DUMP_STACKS = "dump_stacks"
+    DIAGNOSE = "diagnose"
+    CORDON = "cordon"
+    RESTART = "restart"
+    MIGRATE = "migrate"
+    RESIZE = "resize"
+
+
+class ActionState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    SUSPECT = "suspect"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+
+
+class _Record(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True):
+    """Base of every wire record; the `type` tag names the record on the wire."""
+
+
+class ParallelLayout(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Sizes of each parallel dimension; their product is the world size."""
+
+    dp: Annotated[int, msgspec.Meta(ge=1)] = 1
+    tp: Annotated[int, msgspec.Meta(ge=1)] = 1
+    pp: Annotated[int, msgspec.Meta(ge=1)] = 1
+    cp: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ep: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+    @property
+    def world_size(self) -> int:
+        # Expert parallelism reuses data-parallel ranks, so it does not multiply the world size.
+        return self.dp * self.tp * self.pp * self.cp
+
+
+class ModelShape(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What MFU accounting needs: parameters N, layers L, hidden H, heads, sequence length T."""
+
+    params: NonNegInt
+    layers: NonNegInt = 0
+    hidden: NonNegInt = 0
+    heads: NonNegInt = 0
+    seq_len: NonNegInt = 0
+
+
+class Job(_Record, tag="job", kw_only=True):
+    job_id: Name
+    name: str = ""
+    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    layout: ParallelLayout = msgspec.field(default_factory=ParallelLayout)
+    model: ModelShape | None = None
+    device_kind: str = ""
+    peak_flops: NonNegFloat = 0.0
+    state: JobState = JobState.RUNNING
+    created_s: NonNegFloat = 0.0
+
+
+class RankInfo(_Record, tag="rank", kw_only=True):
+    job_id: Name
+    rank: NonNegInt
+    node: Name
+    local_rank: NonNegInt = 0
+    device_uuid: str = ""
+    pid: NonNegInt = 0
+    pod: str = ""
+
+
+class StepRecord(_Record, tag="step", kw_only=True):
+    """One training step of one rank; phase durations are seconds."""
+
+    job_id: Name
+    rank: NonNegInt
+    step: NonNegInt
+    start_s: NonNegFloat
+    end_s: NonNegFloat
+    data_s: NonNegFloat = 0.0
+    forward_s: NonNegFloat = 0.0
+    backward_s: NonNegFloat = 0.0
+    optimizer_s: NonNegFloat = 0.0
+    comm_wait_s: NonNegFloat = 0.0
+    tokens: NonNegInt = 0
+    model_flops: NonNegFloat = 0.0
+    mfu: NonNegFloat = 0.0
+    loss: float | None = None
+    peak_memory_bytes: NonNegInt = 0
+
+    def __post_init__(self) -> None:
+        if self.end_s < self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) is before start_s ({self.start_s})")
+
+    @property
+    def step_time_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+class CollectiveAggregate(_Record, tag="coll_agg", kw_only=True):
+    """Per (step, rank, group, op): how many collectives ran and how long they took."""
+
+    job_id: Name
+    rank: NonNegInt
+    step: NonNegInt
+    group: Name
+    op: Name
+    count: NonNegInt
+    bytes: NonNegInt = 0
+    total_device_s: NonNegFloat = 0.0
+    max_device_s: NonNegFloat = 0.0
+    total_wait_s: NonNegFloat = 0.0
+    last_seq: NonNegInt = 0
+
+
+class CollectiveEvent(_Record, tag="coll_event", kw_only=True):
+    """One collective as seen by one rank (ring buffer; shipped on demand)."""
+
+    job_id: Name
+    rank: NonNegInt
+    group: Name
+    seq: NonNegInt
+    op: Name
+    bytes: NonNegInt = 0
+    dtype: str = ""
+    step: NonNegInt = 0
+    enqueue_s: NonNegFloat = 0.0
+    start_s: NonNegFloat = 0.0
+    end_s: NonNegFloat = 0.0
+
+
+class Heartbeat(_Record, tag="heartbeat", kw_only=True):
+    job_id: Name
+    rank: NonNegInt
+    time_s: NonNegFloat
+    last_step: int = -1
+    last_group: str = ""
+    last_seq: NonNegInt = 0
+    last_op: str = ""
+    state: RankState = RankState.COMPUTE
+
+
+class Sample(_Record, tag="sample", kw_only=True):
+    """One counter reading from NVML or the host; `device` is empty for host metrics."""
+
+    node: Name
+    time_s: NonNegFloat
+    metric: Name
+    value: float
+    device: str = ""
+    job_id: str = ""
+    rank: int = -1
+    pod: str = ""
+
+
+class Subjects(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who a finding is about. Links are "nodeA<->nodeB" strings."""
+
+    ranks: list[NonNegInt] = msgspec.field(default_factory=list)
+    nodes: list[str] = msgspec.field(default_factory=list)
+    devices: list[str] = msgspec.field(default_factory=list)
+    links: list[str] = msgspec.field(default_factory=list)
+
+
+class Evidence(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A number that moved: the metric, its observed value, its baseline and the unit."""
+
+    metric: Name
+    observed: float
+    baseline: float | None = None
+    unit: str = ""
+    note: str = ""
+
+
+class Finding(_Record, tag="finding", kw_only=True):
+    finding_id: Name
+    kind: FindingKind
+    job_id: Name
+    subjects: Subjects = msgspec.field(default_factory=Subjects)
+    step_start: int = -1
+    step_end: int = -1
+    summary: str = ""
+    evidence: list[Evidence] = msgspec.field(default_factory=list)
+    confidence: Fraction = 0.0
+    detected_s: NonNegFloat = 0.0
+    state: FindingState = FindingState.OPEN
+    trace_start_s: NonNegFloat = 0.0
+    trace_end_s: NonNegFloat = 0.0
+
+
+class Action(_Record, tag="action", kw_only=True):
+    action_id: Name
+    kind: ActionKind
+    job_id: Name
+    target: str = ""
+    finding_id: str = ""
+    state: ActionState = ActionState.PENDING
+    start_s: NonNegFloat = 0.0
+    end_s: NonNegFloat = 0.0
+    result: str = ""
+
+
+class Checkpoint(_Record, tag="checkpoint", kw_only=True):
+    job_id: Name
+    step: NonNegInt
+    location: Name
+    bytes: NonNegInt = 0
+    save_s: NonNegFloat = 0.0
+    blocked_s: NonNegFloat = 0.0
+    verified: bool = False
+    committed_s: NonNegFloat = 0.0
+
+
+class DiagResult(_Record, tag="diag", kw_only=True):
+    node: Name
+    device: str
+    test: Name
+    value: float
+    unit: str = ""
+    baseline: float | None = None
+    spec: float | None = None
+    verdict: Verdict = Verdict.UNKNOWN
+    time_s: NonNegFloat = 0.0
+
+
+Record = (
+    Job
+    | RankInfo
+    | StepRecord
+    | CollectiveAggregate
+    | CollectiveEvent
+    | Heartbeat
+    | Sample
+    | Finding
+    | Action
+    | Checkpoint
+    | DiagResult
+)
+
+RECORD_TYPES: tuple[type[_Record], ...] = (
+    Job,
+    RankInfo,
+    StepRecord,
+    CollectiveAggregate,
+    CollectiveEvent,
+    Heartbeat,
+    Sample,
+    Finding,
+    Action,
+    Checkpoint,
+    DiagResult,
+)
+
+RECORD_TAGS: dict[str, type[_Record]] = {str(t.__struct_config__.tag): t for t in RECORD_TYPES}
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    """The envelope every shipment travels in; `batch_id` makes retries idempotent."""
+
+    v: int
+    batch_id: Name
+    sent_s: NonNegFloat = 0.0
+    source: str = ""
+    records: list[Record] = msgspec.field(default_factory=list)
