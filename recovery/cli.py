@@ -1,0 +1,84 @@
+"""`vigil run`: supervise a training command's ranks on this host and recover them.
+
+Argument parsing and wiring only; the work happens in controller/local/policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from vigil import cli
+from vigil.recovery import controller, journal, local, placement, policy
+
+log = logging.getLogger(__name__)
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, required=True, help="ranks in the job")
+    parser.add_argument(
+        "--nodes", type=int, default=1, help="simulated nodes the ranks spread over"
+    )
+    parser.add_argument("--spare", type=int, default=0, help="spare simulated nodes to migrate to")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts before giving up")
+    parser.add_argument(
+        "--min-dp", type=int, default=1, help="smallest data-parallel size to shrink to"
+    )
+    parser.add_argument("--job", default=None, help="job id (default: a fresh one)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="controller journal, logs and stacks (default: ./vigil-runs/<job>); an unfinished "
+        "run here is resumed",
+    )
+    parser.add_argument(
+        "--cooldown", type=float, default=0.0, help="seconds between restarts (default 0)"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        sys.stderr.write("vigil run: give the training command after `--`\n")
+        return 2
+    try:
+        layout = placement.Placement.build(nproc=args.nproc, nodes=args.nodes, spare=args.spare)
+        job_id = args.job or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = args.run_dir or Path("vigil-runs") / job_id
+        book = journal.Journal(run_dir)
+        saved = book.load_state()
+        if saved is not None and saved.finished:
+            sys.stderr.write(f"vigil run: {run_dir} holds a finished run; pick another --run-dir\n")
+            return 2
+        config = controller.ControllerConfig(
+            job_id=job_id,
+            run_id=saved.run_id if saved else uuid.uuid4().hex,
+            max_restarts=args.max_restarts,
+            min_dp_size=args.min_dp,
+            budget=policy.Budget(cooldown_s=args.cooldown),
+        )
+        executor = local.LocalExecutor(command=command, run_dir=run_dir, env={"VIGIL_JOB": job_id})
+    except ValueError as exc:
+        sys.stderr.write(f"vigil run: {exc}\n")
+        return 2
+    ctl = controller.Controller(config=config, executor=executor, journal=book, placement=layout)
+    code = ctl.run()
+    for action in book.actions():
+        log.info("%s %s %s: %s", action.action_id, action.kind, action.state, action.result)
+    return code
+
+
+command = cli.Command(
+    name="run",
+    help="run a training command's ranks under the recovery controller",
+    configure=_configure,
+    run=_run,
+)

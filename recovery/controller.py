@@ -1,0 +1,326 @@
+"""The recovery controller: watches a job, turns findings into actions, and carries them out.
+
+It owns the loop only: detection comes from the executor (ranks that died) and from a
+`FindingSource` (the analyzer's findings, e.g. through the collector); what to do comes from the
+pure `policy`; how to do it from an `Executor`; and every step is journaled first (`journal`) so a
+controller killed at any point and started again finishes each recovery exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from vigil.recovery import journal as journal_mod
+from vigil.recovery import policy
+from vigil.recovery.executor import RankExit
+from vigil.recovery.local import LocalExecutor
+from vigil.recovery.placement import Placement
+from vigil.schema import Action, ActionKind, ActionState, Finding, FindingKind, Subjects
+
+log = logging.getLogger(__name__)
+
+# Test-only crash injection: the controller exits hard when it reaches this stage (see STAGES).
+DIE_AT_ENV = "VIGIL_CONTROLLER_DIE_AT"
+STAGES = ("planned", "stopped", "placed", "launched", "recorded")
+
+
+class FindingSource(Protocol):
+    def fetch(self) -> Sequence[Finding]:
+        """Findings about the job seen since the last call (repeats are ignored by id)."""
+
+
+class Checkpointer(Protocol):
+    def request(self, *, timeout_s: float) -> bool:
+        """Ask the running job to checkpoint now; True once it has committed one."""
+
+
+class ActionSink(Protocol):
+    def publish(self, action: Action) -> None:
+        """Record an action's new state somewhere people can see it (the collector)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    job_id: str
+    run_id: str
+    # The local supervisor's own restart budget, like torchrun's --max-restarts.
+    max_restarts: int = 3
+    # 0.2 s polling notices a dead rank well inside one step of any real job.
+    poll_interval_s: float = 0.2
+    # Ranks get 10 s to exit on SIGTERM (enough to flush logs), then SIGKILL.
+    stop_timeout_s: float = 10.0
+    # A checkpoint request waits at most this long before recovery goes ahead without it.
+    checkpoint_timeout_s: float = 60.0
+    min_dp_size: int = 1
+    budget: policy.Budget = field(default_factory=policy.Budget)
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        if self.poll_interval_s <= 0 or self.stop_timeout_s < 0 or self.checkpoint_timeout_s < 0:
+            raise ValueError("poll_interval_s must be > 0 and timeouts >= 0")
+
+
+@dataclass(kw_only=True)
+class Controller:
+    config: ControllerConfig
+    executor: LocalExecutor
+    journal: journal_mod.Journal
+    placement: Placement
+    findings: FindingSource | None = None
+    checkpointer: Checkpointer | None = None
+    sink: ActionSink | None = None
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    state: journal_mod.ControllerState = field(init=False)
+    # Ranks of the current attempt taken over from a previous controller at resume.
+    _adopted: int = field(default=0, init=False)
+
+    def run(self) -> int:
+        """Supervise the job to its end; returns 0 when every rank finished cleanly."""
+        self._start_or_resume()
+        while not self.state.finished:
+            self._step()
+            if not self.state.finished:
+                self.sleep(self.config.poll_interval_s)
+        return self.state.exit_code
+
+    # -- start and resume -------------------------------------------------------------------
+
+    def _start_or_resume(self) -> None:
+        saved = self.journal.load_state()
+        if saved is None:
+            self.state = journal_mod.ControllerState(run_id=self.config.run_id)
+            self._save_placement(self.placement)
+            self.executor.launch(self.placement, 0)
+            return
+        self.state = saved
+        self.placement = self._placement_from_state()
+        if saved.finished:
+            return
+        log.info("resuming run %s at attempt %d", saved.run_id, saved.attempt)
+        self._adopted = self.executor.adopt(self.placement, saved.attempt)
+        if saved.recovering:
+            self._finish_recovery(saved.recovering)
+        elif self._adopted < self.placement.world_size:
+            self.executor.kill_attempt(saved.attempt)
+            self.executor.launch(self.placement, saved.attempt)
+
+    def _placement_from_state(self) -> Placement:
+        return Placement(
+            active=tuple(self.state.active),
+            spares=tuple(self.state.spares),
+            ranks_per_node=self.state.ranks_per_node,
+            cordoned=frozenset(self.state.cordoned),
+        )
+
+    def _save_placement(self, placement: Placement) -> None:
+        self.placement = placement
+        self.state.active = list(placement.active)
+        self.state.spares = list(placement.spares)
+        self.state.cordoned = sorted(placement.cordoned)
+        self.state.ranks_per_node = placement.ranks_per_node
+        self.journal.save_state(self.state)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        exits = self.executor.poll()
+        failed = [e for e in exits if e.returncode != 0]
+        if failed:
+            self._handle(self._crash_finding(failed), job_down=True)
+            return
+        if exits and not self.executor.alive():
+            self._finish(0, "every rank finished")
+            return
+        for finding in self.findings.fetch() if self.findings else ():
+            if finding.job_id == self.config.job_id and finding.finding_id not in self._handled():
+                self._handle(finding, job_down=False)
+                if self.state.finished:
+                    return
+
+    def _handled(self) -> set[str]:
+        return set(self.state.handled_findings)
+
+    def _crash_finding(self, failed: list[RankExit]) -> Finding:
+        first = min(failed, key=lambda e: e.seen_s)
+        rank, node, code = first.rank, first.node, first.returncode
+        return Finding(
+            finding_id=f"crash-a{self.state.attempt}-r{rank}",
+            kind=FindingKind.CRASH,
+            job_id=self.config.job_id,
+            subjects=Subjects(ranks=[rank], nodes=[node]),
+            summary=f"rank {rank} on {node} exited with code {code} first",
+            confidence=1.0,
+            detected_s=self.clock(),
+        )
+
+    def _handle(self, finding: Finding, *, job_down: bool) -> None:
+        context = policy.Context(
+            now_s=self.clock(),
+            restart_times_s=tuple(self.state.restart_times_s),
+            spare_nodes=len(self.placement.spares),
+            dp_size=len(self.placement.active),
+            min_dp_size=self.config.min_dp_size,
+            culprit_counts=dict(self.state.culprit_counts),
+            job_down=job_down,
+        )
+        decision = policy.decide(finding, context, self.config.budget)
+        if decision.suppressed:
+            log.warning("%s: %s", finding.finding_id, decision.suppressed)
+        if decision.restarts and len(self.state.restart_times_s) >= self.config.max_restarts:
+            decision = policy.Decision(
+                actions=tuple(a for a in decision.actions if a.kind not in _RESTARTS),
+                suppressed=f"max restarts ({self.config.max_restarts}) reached",
+                give_up=job_down,
+            )
+        for i, planned in enumerate(decision.actions):
+            action_id = f"{finding.finding_id}/{i}-{planned.kind.value}"
+            if self.journal.get(action_id) is None:
+                self._record(
+                    Action(
+                        action_id=action_id,
+                        kind=planned.kind,
+                        job_id=self.config.job_id,
+                        target=planned.target,
+                        finding_id=finding.finding_id,
+                        result=planned.reason,
+                    )
+                )
+        for node in finding.subjects.nodes:
+            self.state.culprit_counts[node] = self.state.culprit_counts.get(node, 0) + 1
+        self.state.recovering = finding.finding_id
+        self.state.recovering_from = self.state.attempt
+        self.journal.save_state(self.state)
+        self._die_if("planned")
+        self._finish_recovery(finding.finding_id)
+        if decision.give_up:
+            reason = decision.suppressed or "no restart allowed"
+            self._finish(1, f"job down and not restarted: {reason}")
+
+    def _finish_recovery(self, finding_id: str) -> None:
+        for action in sorted(
+            (a for a in self.journal.actions() if a.finding_id == finding_id),
+            key=lambda a: a.action_id,
+        ):
+            if action.state not in journal_mod.FINAL_STATES:
+                self._execute(action)
+        self.state.handled_findings.append(finding_id)
+        self.state.recovering = ""
+        self.journal.save_state(self.state)
+
+    # -- carrying out actions -------------------------------------------------------------------
+
+    def _execute(self, action: Action) -> None:
+        start = self.clock()
+        self._record(_with(action, state=ActionState.RUNNING, start_s=start))
+        try:
+            state, result = self._carry_out(action)
+        except Exception as exc:  # an action that fails is recorded, never crashes the loop
+            log.exception("action %s failed", action.action_id)
+            state, result = ActionState.FAILED, f"{type(exc).__name__}: {exc}"
+        self._record(_with(action, state=state, start_s=start, end_s=self.clock(), result=result))
+        self._die_if("recorded")
+
+    def _carry_out(self, action: Action) -> tuple[ActionState, str]:
+        if action.kind in _RESTARTS:
+            return self._restart(action)
+        if action.kind is ActionKind.CHECKPOINT:
+            if self.checkpointer is None:
+                return ActionState.SKIPPED, "no checkpoint channel to this job"
+            ok = self.checkpointer.request(timeout_s=self.config.checkpoint_timeout_s)
+            return (
+                (ActionState.SUCCEEDED, "checkpoint committed")
+                if ok
+                else (
+                    ActionState.FAILED,
+                    f"no checkpoint within {self.config.checkpoint_timeout_s:.0f} s",
+                )
+            )
+        if action.kind is ActionKind.DUMP_STACKS:
+            return self._dump_stacks(action)
+        if action.kind is ActionKind.CORDON:
+            self.executor.cordon(action.target)
+            return ActionState.SUCCEEDED, f"{action.target} cordoned"
+        return ActionState.SKIPPED, f"{action.kind.value} is not available on the local executor"
+
+    def _dump_stacks(self, action: Action) -> tuple[ActionState, str]:
+        ranks = self.executor.alive()
+        stacks = self.executor.dump_stacks(ranks)
+        folder = self.journal.run_dir / "stacks" / action.finding_id.replace("/", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        groups: dict[str, list[int]] = {}
+        for rank, text in stacks.items():
+            (folder / f"rank-{rank}.txt").write_text(text)
+            groups.setdefault(_stack_identity(text), []).append(rank)
+        summary = "; ".join(f"ranks {sorted(r)} share one stack" for r in groups.values())
+        return ActionState.SUCCEEDED, f"{len(stacks)} stacks in {folder}: {summary}"
+
+    def _restart(self, action: Action) -> tuple[ActionState, str]:
+        target = self.state.recovering_from + 1
+        if self.state.attempt >= target:
+            # A previous controller got as far as placing (and maybe launching) this attempt.
+            if self._adopted >= self.placement.world_size:
+                return ActionState.SUCCEEDED, f"attempt {target} was already running; adopted it"
+            self.executor.stop(timeout_s=self.config.stop_timeout_s)
+            self.executor.kill_attempt(target)
+        else:
+            self.executor.stop(timeout_s=self.config.stop_timeout_s)
+            self.executor.kill_attempt(self.state.attempt)
+            self._die_if("stopped")
+            nodes = [n for n in action.target.split(",") if n]
+            placement = self.placement
+            if action.kind is ActionKind.MIGRATE:
+                placement = placement.migrate(nodes)
+            elif action.kind is ActionKind.RESIZE:
+                placement = placement.resize(nodes)
+            self.state.attempt = target
+            self.state.restart_times_s.append(self.clock())
+            self._save_placement(placement)
+            self._die_if("placed")
+        self.executor.launch(self.placement, target)
+        self._die_if("launched")
+        return ActionState.SUCCEEDED, (
+            f"attempt {target} on {','.join(self.placement.active)} "
+            f"(world size {self.placement.world_size})"
+        )
+
+    def _record(self, action: Action) -> None:
+        self.journal.record(action)
+        if self.sink is not None:
+            try:
+                self.sink.publish(action)
+            except Exception:  # the journal is the truth; the sink is best effort
+                log.warning("could not publish action %s", action.action_id, exc_info=True)
+
+    def _finish(self, code: int, why: str) -> None:
+        log.info("job %s finished (exit %d): %s", self.config.job_id, code, why)
+        self.executor.stop(timeout_s=self.config.stop_timeout_s)
+        self.state.finished = True
+        self.state.exit_code = code
+        self.journal.save_state(self.state)
+
+    def _die_if(self, stage: str) -> None:
+        if os.environ.get(DIE_AT_ENV) == stage:
+            log.error("dying at stage %r (%s is set)", stage, DIE_AT_ENV)
+            os._exit(70)
+
+
+_RESTARTS = frozenset({ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE})
+
+
+def _with(action: Action, **changes: object) -> Action:
+    return msgspec.structs.replace(action, **changes)
+
+
+def _stack_identity(text: str) -> str:
+    """Stacks that differ only in thread ids and addresses are the same stack."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(("File", "at ", "("))]
+    return "\n".join(lines) or text.strip()[:200]

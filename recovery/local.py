@@ -1,0 +1,252 @@
+"""Local executor: runs a job's ranks as processes on this host, the way torchrun does.
+
+Each rank gets torchrun's rendezvous environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT, ...) plus VIGIL_NODE and the restart count. Each attempt gets a fresh MASTER_PORT, so
+restarted gloo workers never meet the previous attempt's TCPStore (the reason `torchrun
+--max-restarts` cannot bring gloo jobs back). Ranks run in their own process groups so stopping a
+rank stops everything it spawned. Simulated nodes are just labels on groups of ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from vigil.recovery.executor import RankExit
+from vigil.recovery.placement import Placement
+
+log = logging.getLogger(__name__)
+
+# Runs the rank's command and leaves "<exit code> <unix time>" in $VIGIL_EXIT_FILE, so a restarted
+# controller that cannot wait() on its predecessor's children still learns how and when they ended.
+# The TERM/INT traps are handlers, not ignores, so the training process keeps default signals.
+_WRAPPER = (
+    'trap : TERM INT; "$@"; code=$?; '
+    'printf "%s %s" "$code" "$(date +%s.%N)" > "$VIGIL_EXIT_FILE.tmp"; '
+    'mv "$VIGIL_EXIT_FILE.tmp" "$VIGIL_EXIT_FILE"; exit $code'
+)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(kw_only=True)
+class LocalExecutor:
+    command: Sequence[str]
+    run_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+    clock: Callable[[], float] = time.time
+    _procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
+    _adopted: dict[int, int] = field(default_factory=dict, init=False)
+    _attempt: int = field(default=0, init=False)
+    _placement: Placement | None = field(default=None, init=False)
+    _cordoned: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("the training command is empty: give it after `--`")
+
+    def launch(self, placement: Placement, attempt: int) -> None:
+        if self._procs and self.alive():
+            raise RuntimeError("launch() while ranks of the previous attempt are still running")
+        for node in placement.active:
+            if node in self._cordoned:
+                raise ValueError(f"node {node} is cordoned and cannot run ranks")
+        self._procs.clear()
+        self._adopted.clear()
+        self._placement = placement
+        self._attempt = attempt
+        port = free_port(self.master_addr)
+        folder = self.attempt_dir(attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        for rank in range(placement.world_size):
+            env = self._rank_env(placement, rank, attempt, port)
+            env["VIGIL_EXIT_FILE"] = str(folder / f"rank-{rank}.exit")
+            out = open(folder / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "vigil-rank", *self.command],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            finally:
+                out.close()
+            self._procs[rank] = proc
+            (folder / f"rank-{rank}.pid").write_text(str(proc.pid))
+        log.info(
+            "attempt %d: started %d ranks on %s (MASTER_PORT %d)",
+            attempt,
+            placement.world_size,
+            ",".join(placement.active),
+            port,
+        )
+
+    def _rank_env(self, placement: Placement, rank: int, attempt: int, port: int) -> dict[str, str]:
+        node = placement.node_of(rank)
+        env = dict(os.environ)
+        env.update(self.env)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(placement.world_size),
+            LOCAL_RANK=str(rank % placement.ranks_per_node),
+            LOCAL_WORLD_SIZE=str(placement.ranks_per_node),
+            GROUP_RANK=str(placement.active.index(node)),
+            NODE_RANK=str(placement.active.index(node)),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RESTART_COUNT=str(attempt),
+            VIGIL_RESTART_COUNT=str(attempt),
+            VIGIL_NODE=node,
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def attempt_dir(self, attempt: int) -> Path:
+        return self.run_dir / "attempts" / f"attempt-{attempt}"
+
+    def adopt(self, placement: Placement, attempt: int) -> int:
+        """Take over the ranks a previous controller started for `attempt`; how many it started.
+
+        Fewer than the world size means the launch was cut short: the caller must kill that
+        attempt and launch it again, never join it.
+        """
+        folder = self.attempt_dir(attempt)
+        pid_files = sorted(folder.glob("rank-*.pid")) if folder.exists() else []
+        self._placement, self._attempt = placement, attempt
+        self._procs.clear()
+        self._adopted = {int(p.stem.split("-")[1]): int(p.read_text()) for p in pid_files}
+        if self._adopted:
+            log.info("adopted %d ranks of attempt %d", len(self._adopted), attempt)
+        return len(self._adopted)
+
+    def poll(self) -> list[RankExit]:
+        assert self._placement is not None or not (self._procs or self._adopted)
+        exits = []
+        for rank, proc in list(self._procs.items()):
+            code = proc.poll()
+            if code is not None:
+                exits.append(self._exit(rank, code))
+                del self._procs[rank]
+        for rank, pid in list(self._adopted.items()):
+            if not _pid_alive(pid):
+                exits.append(self._exit(rank, None))
+                del self._adopted[rank]
+        return sorted(exits, key=lambda e: e.seen_s)
+
+    def _exit(self, rank: int, returncode: int | None) -> RankExit:
+        assert self._placement is not None
+        exit_file = self.attempt_dir(self._attempt) / f"rank-{rank}.exit"
+        seen = self.clock()
+        try:
+            code_text, when = exit_file.read_text().split()
+            code, seen = int(code_text), float(when)
+        except (OSError, ValueError):
+            # Killed before the wrapper could write (SIGKILL): trust wait() if we have it.
+            code = returncode if returncode is not None else -signal.SIGKILL
+        return RankExit(rank, self._placement.node_of(rank), code, seen)
+
+    def alive(self) -> list[int]:
+        own = [r for r, p in self._procs.items() if p.poll() is None]
+        return sorted(own + [r for r, pid in self._adopted.items() if _pid_alive(pid)])
+
+    def pids(self) -> dict[int, int]:
+        return {r: p.pid for r, p in self._procs.items()} | dict(self._adopted)
+
+    def stop(self, *, timeout_s: float) -> None:
+        pids = list(self.pids().values())
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids):
+            self._reap()
+            time.sleep(0.05)
+        for pid in pids:
+            _signal_group(pid, signal.SIGKILL)
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                log.error("rank process %d did not die after SIGKILL", proc.pid)
+        self._procs.clear()
+        self._adopted.clear()
+
+    def kill_attempt(self, attempt: int) -> None:
+        """Kill whatever a previous controller left running for `attempt` (pid files)."""
+        folder = self.attempt_dir(attempt)
+        for pid_file in folder.glob("rank-*.pid") if folder.exists() else []:
+            _signal_group(int(pid_file.read_text()), signal.SIGKILL)
+
+    def _reap(self) -> None:
+        for proc in self._procs.values():
+            proc.poll()
+
+    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        stacks: dict[int, str] = {}
+        pids = self.pids()
+        for rank in ranks:
+            if rank not in pids or not _pid_alive(pids[rank]):
+                continue
+            try:  # the pid is the wrapper shell; the training process is its child
+                children = psutil.Process(pids[rank]).children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            stacks[rank] = _py_spy_dump(children[0].pid if children else pids[rank])
+        return stacks
+
+    def cordon(self, node: str) -> None:
+        self._cordoned.add(node)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _py_spy_dump(pid: int, timeout_s: float = 20.0) -> str:
+    """`py-spy dump` of one process; the error text when py-spy cannot read it."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy unavailable: {exc}"
+    return done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
