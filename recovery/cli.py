@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from vigil import cli
-from vigil.recovery import controller, journal, local, placement, policy
+from vigil.recovery import controller, journal, local, placement, policy, snapshot_files
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cooldown", type=float, default=0.0, help="seconds between restarts (default 0)"
+    )
+    parser.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=snapshot_files.DEFAULT_ROOT,
+        help="node shared memory for per-step snapshots (default %(default)s)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
 
@@ -65,12 +71,19 @@ def _run(args: argparse.Namespace) -> int:
             min_dp_size=args.min_dp,
             budget=policy.Budget(cooldown_s=args.cooldown),
         )
-        executor = local.LocalExecutor(command=command, run_dir=run_dir, env={"VIGIL_JOB": job_id})
+        executor = local.LocalExecutor(
+            command=command,
+            run_dir=run_dir,
+            env={"VIGIL_JOB": job_id},
+            snapshot_root=args.snapshot_dir,
+        )
     except ValueError as exc:
         sys.stderr.write(f"vigil run: {exc}\n")
         return 2
     ctl = controller.Controller(config=config, executor=executor, journal=book, placement=layout)
     code = ctl.run()
+    if code == 0 and args.snapshot_dir is not None:
+        snapshot_files.drop_job(args.snapshot_dir, job_id)
     for action in book.actions():
         log.info("%s %s %s: %s", action.action_id, action.kind, action.state, action.result)
     return code

@@ -281,6 +281,8 @@ class Controller:
                 placement = placement.migrate(nodes)
             elif action.kind is ActionKind.RESIZE:
                 placement = placement.resize(nodes)
+            for node in nodes if action.kind is not ActionKind.RESTART else ():
+                self.executor.forget_node(node, self.config.job_id)
             self.state.attempt = target
             self.state.restart_times_s.append(self.clock())
             self._save_placement(placement)

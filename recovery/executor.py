@@ -41,3 +41,6 @@ class Executor(Protocol):
 
     def cordon(self, node: str) -> None:
         """Never schedule onto `node` again."""
+
+    def forget_node(self, node: str, job: str) -> None:
+        """The job moved away from `node`: drop whatever of the job's state it held."""

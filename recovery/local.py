@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from vigil.recovery import snapshot_files
 from vigil.recovery.executor import RankExit
 from vigil.recovery.placement import Placement
 
@@ -52,6 +53,8 @@ class LocalExecutor:
     run_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     master_addr: str = "127.0.0.1"
+    # Node shared memory for per-step snapshots; each simulated node gets its own folder in it.
+    snapshot_root: Path | None = None
     clock: Callable[[], float] = time.time
     _procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
     _adopted: dict[int, int] = field(default_factory=dict, init=False)
@@ -118,6 +121,8 @@ class LocalExecutor:
             VIGIL_NODE=node,
             PYTHONUNBUFFERED="1",
         )
+        if self.snapshot_root is not None:
+            env["VIGIL_SNAPSHOT_DIR"] = str(self.snapshot_root)
         return env
 
     def attempt_dir(self, attempt: int) -> Path:
@@ -214,6 +219,11 @@ class LocalExecutor:
 
     def cordon(self, node: str) -> None:
         self._cordoned.add(node)
+
+    def forget_node(self, node: str, job: str) -> None:
+        """A node we moved away from is treated as lost: its shared memory goes with it."""
+        if self.snapshot_root is not None:
+            snapshot_files.drop_node(self.snapshot_root, job, node)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -46,8 +46,12 @@ def progress(toy: Path, rank: int) -> list[list[str]]:
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_gloo_job_recovers_from_repeated_crashes_by_restart_then_migration(tmp_path: Path) -> None:
-    """Rank 1 dies at step 2 (attempt 0) and step 4 (attempt 1): restart, then move node-0."""
-    toy, run_dir = tmp_path / "toy", tmp_path / "run"
+    """Rank 1 dies at step 2 (attempt 0) and step 4 (attempt 1): restart, then move node-0.
+
+    Persistent checkpoints come every 3 steps, snapshots every step: both recoveries resume from
+    the step that was lost, the second from the replicas node-1 holds (node-0's memory is gone).
+    """
+    toy, run_dir, shm = tmp_path / "toy", tmp_path / "run", tmp_path / "shm"
     toy.mkdir()
     done = run_vigil(
         [
@@ -62,6 +66,8 @@ def test_gloo_job_recovers_from_repeated_crashes_by_restart_then_migration(tmp_p
             str(run_dir),
             "--job",
             "toy",
+            "--snapshot-dir",
+            str(shm),
             "--",
             sys.executable,
             str(HERE / "toy_job.py"),
@@ -82,6 +88,14 @@ def test_gloo_job_recovers_from_repeated_crashes_by_restart_then_migration(tmp_p
     assert completed == list(range(7))
     # After the migration rank 1 ran on the spare node.
     assert {r[2] for r in rows if r[0] == "2" and r[2] != "crash"} == {"node-2"}
+    resumes = (toy / "resume-rank1.txt").read_text().split("\n")
+    assert resumes[:3] == ["0 scratch 0", "1 snapshot 2", "2 replica 4"]
+    # The weights equal an uninterrupted run's: no step was lost or repeated.
+    import torch
+
+    final = torch.load(toy / "final.pt")["weight"]
+    assert torch.allclose(final, torch.full((4,), -0.01 * 10 / 4 * 7))
+    assert not (shm / "toy").exists(), "a finished job's snapshots are freed"
 
 
 @pytest.mark.e2e

@@ -1,0 +1,138 @@
+"""In-memory snapshots of every step's training state, kept outside the process that may fail.
+
+Gemini-style: after each step a rank serialises its state into node shared memory (/dev/shm, which
+outlives the process) and sends a copy to its peer rank on the next node, which keeps it in *its*
+node's shared memory — so losing a whole node loses nothing. On restart a rank restores the newest
+snapshot it can find (its own node's, else the replica a peer holds) when it is newer than the last
+persistent checkpoint. The exchange uses torch.distributed point-to-point ops, so it works over gloo
+and NCCL alike; all ranks must call `save` at the same step.
+
+Layout: <root>/<job>/<node>/rank-<r>/step-<s>.pt (primary) and
+<root>/<job>/<node>/replica-of-rank-<r>/step-<s>.pt (a peer's copy).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vigil.recovery import snapshot_files
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROOT = snapshot_files.DEFAULT_ROOT
+_STEP = snapshot_files.STEP_FILE
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    step: int
+    path: Path
+    replica: bool
+
+
+@dataclass(kw_only=True)
+class Snapshotter:
+    job: str
+    node: str
+    rank: int
+    world_size: int
+    ranks_per_node: int
+    root: Path = DEFAULT_ROOT
+    # Two per rank: the newest, and the one before it in case the newest is being written.
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        if self.ranks_per_node < 1 or self.world_size % self.ranks_per_node:
+            raise ValueError("ranks_per_node must divide the world size")
+        if self.keep < 1:
+            raise ValueError("keep must be >= 1")
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.ranks_per_node
+
+    @property
+    def peer_to(self) -> int:
+        """The rank on the next node that holds this rank's replica."""
+        return (self.rank + self.ranks_per_node) % self.world_size
+
+    @property
+    def peer_from(self) -> int:
+        return (self.rank - self.ranks_per_node) % self.world_size
+
+    def primary_dir(self, rank: int | None = None) -> Path:
+        return self.root / self.job / self.node / f"rank-{self.rank if rank is None else rank}"
+
+    def save(self, step: int, state: Mapping[str, Any]) -> int:
+        """Snapshot `state` for `step` locally and on the peer node; returns bytes written."""
+        buffer = io.BytesIO()
+        torch.save(dict(state), buffer)
+        payload = buffer.getvalue()
+        _write(self.primary_dir(), step, payload, self.keep)
+        if self.num_nodes > 1 and dist.is_available() and dist.is_initialized():
+            received = self._exchange(payload)
+            replica_dir = self.root / self.job / self.node / f"replica-of-rank-{self.peer_from}"
+            _write(replica_dir, step, received, self.keep)
+        return len(payload)
+
+    def _exchange(self, payload: bytes) -> bytes:
+        size_out = torch.tensor([len(payload)], dtype=torch.int64)
+        size_in = torch.zeros(1, dtype=torch.int64)
+        _send_recv(size_out, self.peer_to, size_in, self.peer_from)
+        data_out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        received = bytearray(int(size_in.item()))
+        # irecv writes straight into `received` through a tensor view of it.
+        data_in = torch.frombuffer(received, dtype=torch.uint8)
+        _send_recv(data_out, self.peer_to, data_in, self.peer_from)
+        return bytes(received)
+
+    def newest(self) -> Snapshot | None:
+        """This rank's newest snapshot on any node still present (primary or a peer's replica)."""
+        found: list[Snapshot] = []
+        job_dir = self.root / self.job
+        if not job_dir.exists():
+            return None
+        for node_dir in job_dir.iterdir():
+            for name, replica in (
+                (f"rank-{self.rank}", False),
+                (f"replica-of-rank-{self.rank}", True),
+            ):
+                folder = node_dir / name
+                if folder.is_dir():
+                    found += [
+                        Snapshot(int(m.group(1)), p, replica)
+                        for p in folder.iterdir()
+                        if (m := _STEP.match(p.name))
+                    ]
+        return max(found, key=lambda s: (s.step, not s.replica), default=None)
+
+    def load(self, snapshot: Snapshot) -> dict[str, Any]:
+        state: dict[str, Any] = torch.load(snapshot.path, map_location="cpu", weights_only=False)
+        return state
+
+
+def _send_recv(out: torch.Tensor, to: int, into: torch.Tensor, source: int) -> None:
+    ops = [dist.P2POp(dist.isend, out, to), dist.P2POp(dist.irecv, into, source)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def _write(folder: Path, step: int, payload: bytes, keep: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".step-{step}.tmp"
+    tmp.write_bytes(payload)
+    os.replace(tmp, folder / f"step-{step}.pt")  # readers see a whole snapshot or none
+    steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)))
+    for old in steps[:-keep]:
+        (folder / f"step-{old}.pt").unlink(missing_ok=True)
