@@ -257,10 +257,13 @@ class CollectiveRecorder:
 def _describe_group(group: Any) -> str:
     if group is None or group is dist.GroupMember.WORLD:
         return "world"
+    # The user's description ("tp", "dp_shard") plus the group's id, unique among groups that
+    # share a description (each TP group of a job is "tp"); the same on every member rank.
     desc = getattr(group, "group_desc", "")
+    ident = getattr(group, "group_name", "?")
     if desc and desc not in ("undefined", "default_pg"):
-        return str(desc)[:32]
-    return f"pg{getattr(group, 'group_name', '?')}"[:32]
+        return f"{desc}:{ident}"[:32]
+    return f"pg:{ident}"[:32]
 
 
 def _size(tensors: Any) -> tuple[int, str, bool]:
@@ -277,7 +280,7 @@ def _size(tensors: Any) -> tuple[int, str, bool]:
 
 
 def _cuda_event() -> Any:
-    event = torch.cuda.Event(enable_timing=True)
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record()
     return event
 
@@ -312,7 +315,7 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         recorder = _active
-        if recorder is None or getattr(_state, "depth", 0):
+        if recorder is None or getattr(_state, "depth", False):
             return fn(*args, **kwargs)
         try:
             peer = _arg(args, kwargs, p_pos, peer_name)
@@ -327,11 +330,11 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             recorder._on_error(exc)
             return fn(*args, **kwargs)
-        _state.depth = 1
+        _state.depth = True
         try:
             result = fn(*args, **kwargs)
         finally:
-            _state.depth = 0
+            _state.depth = False
         if is_async and result is not None:
             _on_completion(recorder, pending, result)
         else:
@@ -397,7 +400,7 @@ def uninstall() -> None:
     _active = None
     for name, fn in list(_originals.items()):
         if name == "Work.wait":
-            dist.Work.wait = fn
+            dist.Work.wait = fn  # type: ignore[method-assign]
         else:
             setattr(dist, name, fn)
     _originals.clear()
@@ -414,6 +417,6 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
 # DDP checks the hook's annotations at registration; with postponed evaluation they are strings.
 ddp_comm_hook.__annotations__ = {
     "process_group": object,
-    "bucket": dist.GradBucket,
+    "bucket": dist.GradBucket,  # type: ignore[attr-defined]
     "return": torch.futures.Future[torch.Tensor],
 }
