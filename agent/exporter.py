@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from vigil.agent import progress, sampler
 from vigil.metric_names import MetricKind, Unit, metric_name
 
-_RANK_LABELS = ["job", "rank", "node"]
+_RANK_LABELS = ["job_id", "rank", "node"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ class AgentCollector(Collector):
         for reading in view.readings:
             family = families.get(reading.metric)
             if family is None:
-                labels = ["node", "device", "job", "rank", "pod"] if reading.device else ["node"]
+                labels = ["node", "device", "job_id", "rank", "pod"] if reading.device else ["node"]
                 kind = (
                     CounterMetricFamily if reading.kind is MetricKind.COUNTER else GaugeMetricFamily
                 )

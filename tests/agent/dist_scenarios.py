@@ -88,9 +88,14 @@ def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     vigil.agent.init(
-        job=JOB, output_dir=out, progress_dir=progress_dir, measure_cpu_peak=False,
-        flush_interval_s=0.2, peak_flops=1e12, flops_per_token=6.0 * 2 * HIDDEN * HIDDEN,
-    )  # fmt: skip
+        job=JOB,
+        output_dir=out,
+        progress_dir=progress_dir,
+        measure_cpu_peak=False,
+        flush_interval_s=0.2,
+        peak_flops=1e12,
+        flops_per_token=6.0 * 2 * HIDDEN * HIDDEN,
+    )
 
     ddp = torch.nn.parallel.DistributedDataParallel(mlp())
     train(ddp, range(0, 3))

@@ -37,9 +37,10 @@ class Run:
 
     def aggs(self, rank: int, steps: range) -> list[schema.CollectiveAggregate]:
         return [
-            r for r in self.records[rank]
+            r
+            for r in self.records[rank]
             if isinstance(r, schema.CollectiveAggregate) and r.step in steps
-        ]  # fmt: skip
+        ]
 
     def steps(self, rank: int) -> list[schema.StepRecord]:
         return [r for r in self.records[rank] if isinstance(r, schema.StepRecord)]
@@ -58,8 +59,10 @@ def test_ddp_gradient_allreduce_is_timed_through_the_comm_hook(run: Run) -> None
     for rank in range(WORLD):
         aggs = run.aggs(rank, range(0, 3))
         assert [(a.step, a.group, a.op) for a in aggs] == [
-            (0, "world", "all_reduce"), (1, "world", "all_reduce"), (2, "world", "all_reduce")
-        ]  # fmt: skip
+            (0, "world", "all_reduce"),
+            (1, "world", "all_reduce"),
+            (2, "world", "all_reduce"),
+        ]
         assert all(a.bytes == PARAM_BYTES and a.count == 1 for a in aggs)
         assert [a.last_seq for a in aggs] == [1, 2, 3]
         assert all(a.total_device_s > 0 for a in aggs)
