@@ -227,7 +227,6 @@ class Session:
         self.current_step = step
         self._step_start = self._clock()
         self.phases.reset()
-        self._spans.clear()
         self._publish(schema.RankState.COMPUTE, step=step)
 
     def _flop_counter(self) -> Any:
@@ -260,7 +259,9 @@ class Session:
             seconds=seconds,
             peak_flops=self.peak_flops,
         )
-        spans = self._spans
+        # Spans since the previous step's end count for this step: a "data" span before
+        # `with step(...)` (the usual `for batch in loader` loop) is this step's data time.
+        spans, self._spans = self._spans, collections.defaultdict(float)
         record = schema.StepRecord(
             job_id=cfg.job,
             rank=cfg.rank,
