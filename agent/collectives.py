@@ -359,7 +359,9 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = _active
-        if recorder is None:
+        if recorder is None or getattr(_state, "depth", False):
+            # Inside a wrapped synchronous collective (it waits on its own Work): that time is
+            # already the collective's; counting it here too would double the exposed wait.
             return original(self, *args, **kwargs)
         start = time.monotonic()
         try:

@@ -20,6 +20,7 @@ threads, no network.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import mmap
 import os
 import struct
@@ -71,6 +72,7 @@ def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+@functools.lru_cache(maxsize=4096)  # group/op/dtype names repeat: encode each once
 def _enc(text: str, size: int) -> bytes:
     return text.encode("utf-8")[:size]
 
