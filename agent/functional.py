@@ -50,7 +50,7 @@ def _module() -> Any:
 
 def _process_group(module: Any, group: Any) -> Any:
     name = module._resolve_group_name(group)
-    return dist.distributed_c10d._resolve_process_group(name)
+    return dist.distributed_c10d._resolve_process_group(name)  # type: ignore[attr-defined]
 
 
 def _key(tensor: torch.Tensor) -> int:
