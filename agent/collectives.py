@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from vigil import schema
-from vigil.agent import progress
+from vigil.agent import functional, progress
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,16 @@ class CollectiveRecorder:
 
     # -- the hot path ---------------------------------------------------------------------
     def begin(
-        self, op: str, group: Any, tensors: Any, peer: int | None, *, blocking: bool
+        self,
+        op: str,
+        group: Any,
+        tensors: Any,
+        peer: int | None,
+        *,
+        blocking: bool,
+        scale_bytes: int = 1,
     ) -> _Pending:
+        """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers)."""
         now = self._clock()
         name = self.group_name(group)
         if peer is not None:
@@ -134,6 +142,7 @@ class CollectiveRecorder:
             low, high = sorted((me, peer))
             name = f"{name}:p2p:{low}-{high}"
         nbytes, dtype, cuda = _size(tensors)
+        nbytes *= scale_bytes
         with self._lock:
             self._seqs[name] += 1
             seq = self._seqs[name]
@@ -257,10 +266,13 @@ class CollectiveRecorder:
 def _describe_group(group: Any) -> str:
     if group is None or group is dist.GroupMember.WORLD:
         return "world"
+    # The user's description ("tp", "dp_shard") plus the group's id, unique among groups that
+    # share a description (each TP group of a job is "tp"); the same on every member rank.
     desc = getattr(group, "group_desc", "")
+    ident = getattr(group, "group_name", "?")
     if desc and desc not in ("undefined", "default_pg"):
-        return str(desc)[:32]
-    return f"pg{getattr(group, 'group_name', '?')}"[:32]
+        return f"{desc}:{ident}"[:32]
+    return f"pg:{ident}"[:32]
 
 
 def _size(tensors: Any) -> tuple[int, str, bool]:
@@ -277,15 +289,20 @@ def _size(tensors: Any) -> tuple[int, str, bool]:
 
 
 def _cuda_event() -> Any:
-    event = torch.cuda.Event(enable_timing=True)
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record()
     return event
 
 
 # -- installing the wrappers ----------------------------------------------------------------
-_state = threading.local()
+_state = threading.local()  # .depth: inside a wrapped call (inner calls are not recorded again)
 _active: CollectiveRecorder | None = None
 _originals: dict[str, Any] = {}
+
+
+def active() -> CollectiveRecorder | None:
+    """The recorder wrapped calls report to, or None when not installed / inside a wrapped call."""
+    return None if getattr(_state, "depth", False) else _active
 
 
 def _position(fn: Callable[..., Any], name: str | None) -> int:
@@ -312,7 +329,7 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         recorder = _active
-        if recorder is None or getattr(_state, "depth", 0):
+        if recorder is None or getattr(_state, "depth", False):
             return fn(*args, **kwargs)
         try:
             peer = _arg(args, kwargs, p_pos, peer_name)
@@ -327,11 +344,11 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             recorder._on_error(exc)
             return fn(*args, **kwargs)
-        _state.depth = 1
+        _state.depth = True
         try:
             result = fn(*args, **kwargs)
         finally:
-            _state.depth = 0
+            _state.depth = False
         if is_async and result is not None:
             _on_completion(recorder, pending, result)
         else:
@@ -356,7 +373,9 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = _active
-        if recorder is None:
+        if recorder is None or getattr(_state, "depth", False):
+            # Inside a wrapped synchronous collective (it waits on its own Work): that time is
+            # already the collective's; counting it here too would double the exposed wait.
             return original(self, *args, **kwargs)
         start = time.monotonic()
         try:
@@ -389,15 +408,17 @@ def install(recorder: CollectiveRecorder) -> None:
     if work_type is not None:
         _originals["Work.wait"] = work_type.wait
         work_type.wait = _wrap_wait(work_type.wait)
+    functional.install()
 
 
 def uninstall() -> None:
     """Restore the original functions; wrapped calls in flight finish normally."""
     global _active
     _active = None
+    functional.uninstall()
     for name, fn in list(_originals.items()):
         if name == "Work.wait":
-            dist.Work.wait = fn
+            dist.Work.wait = fn  # type: ignore[method-assign]
         else:
             setattr(dist, name, fn)
     _originals.clear()
@@ -414,6 +435,6 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
 # DDP checks the hook's annotations at registration; with postponed evaluation they are strings.
 ddp_comm_hook.__annotations__ = {
     "process_group": object,
-    "bucket": dist.GradBucket,
+    "bucket": dist.GradBucket,  # type: ignore[attr-defined]
     "return": torch.futures.Future[torch.Tensor],
 }

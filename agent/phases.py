@@ -95,7 +95,7 @@ class PhaseTimer:
                 self._forward_start = None
             tensor = _first_grad_tensor(output) if torch.is_grad_enabled() else None
             if tensor is not None:
-                tensor.register_hook(self._on_output_grad)
+                tensor.register_hook(self._on_output_grad)  # type: ignore[no-untyped-call]
         except Exception as exc:
             self._on_error(exc)
 

@@ -20,6 +20,7 @@ threads, no network.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import mmap
 import os
 import struct
@@ -71,6 +72,7 @@ def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+@functools.lru_cache(maxsize=4096)  # group/op/dtype names repeat: encode each once
 def _enc(text: str, size: int) -> bytes:
     return text.encode("utf-8")[:size]
 
@@ -316,21 +318,41 @@ class PageReader:
         last = StepSummary()
         if step[0] >= 0 and step[1] > 0:
             last = StepSummary(
-                step=step[0], step_time_s=step[1], mfu=step[2], comm_wait_s=step[3],
-                collective_s=step[4], end_wall_s=step[5], tokens=step[6], loss=step[7],
-            )  # fmt: skip
+                step=step[0],
+                step_time_s=step[1],
+                mfu=step[2],
+                comm_wait_s=step[3],
+                collective_s=step[4],
+                end_wall_s=step[5],
+                tokens=step[6],
+                loss=step[7],
+            )
         return PageSnapshot(
-            path=self.path, job=self.job, node=self.node, rank=self.rank,
-            world_size=self.world_size, local_rank=self.local_rank, pid=self.pid,
-            capacity=self.capacity, state=CODE_STATES.get(live[0], schema.RankState.COMPUTE),
-            last_step=live[1], progress_mono_s=live[2], progress_wall_s=live[3],
-            step_start_mono_s=live[4], last_seq=live[5], last_group=_text(live[6]),
-            last_op=_text(live[7]), ring_head=live[8], last=last,
+            path=self.path,
+            job=self.job,
+            node=self.node,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            pid=self.pid,
+            capacity=self.capacity,
+            state=CODE_STATES.get(live[0], schema.RankState.COMPUTE),
+            last_step=live[1],
+            progress_mono_s=live[2],
+            progress_wall_s=live[3],
+            step_start_mono_s=live[4],
+            last_seq=live[5],
+            last_group=_text(live[6]),
+            last_op=_text(live[7]),
+            ring_head=live[8],
+            last=last,
             health=Health(
-                internal_errors=health[0], dropped_records=health[1], ship_errors=health[2],
+                internal_errors=health[0],
+                dropped_records=health[1],
+                ship_errors=health[2],
                 queued_records=health[3],
             ),
-        )  # fmt: skip
+        )
 
     def events(self, *, job: str | None = None) -> list[schema.CollectiveEvent]:
         """The ring's events, oldest first (slots being written right now are skipped)."""

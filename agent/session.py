@@ -89,7 +89,7 @@ class Session:
         self._control_seq = 0
         self._hang_reported_at = -1.0
         # Step records whose loss is a tensor wait here until the flusher reads it (no sync).
-        self._pending_losses: collections.deque[tuple[schema.StepRecord, torch.Tensor]] = (
+        self._pending_losses: collections.deque[tuple[schema.StepRecord, torch.Tensor | None]] = (
             collections.deque()
         )
         self.device_kind, self.peak_flops = self._resolve_peak()
@@ -227,7 +227,6 @@ class Session:
         self.current_step = step
         self._step_start = self._clock()
         self.phases.reset()
-        self._spans.clear()
         self._publish(schema.RankState.COMPUTE, step=step)
 
     def _flop_counter(self) -> Any:
@@ -260,7 +259,9 @@ class Session:
             seconds=seconds,
             peak_flops=self.peak_flops,
         )
-        spans = self._spans
+        # Spans since the previous step's end count for this step: a "data" span before
+        # `with step(...)` (the usual `for batch in loader` loop) is this step's data time.
+        spans, self._spans = self._spans, collections.defaultdict(float)
         record = schema.StepRecord(
             job_id=cfg.job,
             rank=cfg.rank,
@@ -278,8 +279,10 @@ class Session:
             loss=handle.loss if isinstance(handle.loss, float | int) else None,
             peak_memory_bytes=_peak_memory(),
         )
-        if isinstance(handle.loss, torch.Tensor):
-            self._pending_losses.append((record, handle.loss))
+        if isinstance(handle.loss, torch.Tensor) or self._pending_losses:
+            # Keeps step order: later records wait behind one whose loss is still a tensor.
+            loss = handle.loss if isinstance(handle.loss, torch.Tensor) else None
+            self._pending_losses.append((record, loss))
         else:
             self.queue.put(record)
         self.queue.extend(aggs)
@@ -387,12 +390,13 @@ class Session:
     def _settle_losses(self) -> None:
         while self._pending_losses:
             record, loss = self._pending_losses.popleft()
-            try:
-                value = float(loss)
-            except Exception:
-                value = math.nan
-            if math.isfinite(value):
-                record.loss = value
+            if loss is not None:
+                try:
+                    value = float(loss)
+                except Exception:
+                    value = math.nan
+                if math.isfinite(value):
+                    record.loss = value
             self.queue.put(record)
 
     def hang_threshold_s(self) -> float:
@@ -441,13 +445,13 @@ class Session:
 
 
 def _peak_memory() -> int:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
 def _device_uuid() -> str:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         with contextlib.suppress(Exception):
             return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
     return ""
