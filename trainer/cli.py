@@ -26,6 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--recipe", default="tiny", choices=recipes.recipe_names(), help="model/batch preset")
     add("--steps", type=int, help="optimizer steps to train to")
+    add("--dim", type=int, help="model width (overrides the recipe's)")
+    add("--layers", type=int, help="number of transformer blocks")
+    add("--heads", type=int, help="attention heads (and key/value heads)")
     add("--stop-after", type=int, help="stop (with a checkpoint) after this step; for tests")
     add("--dp", type=int, help="data-parallel (shard) size")
     add("--dp-replicate", type=int, help="HSDP replica groups")
@@ -106,8 +109,15 @@ def recipe_from_args(args: argparse.Namespace) -> recipes.Recipe:
     _set(data, "text_path", args.text)
     if data:
         top["data"] = dataclasses.replace(base.data, **data)
+    model: dict[str, Any] = {}
+    _set(model, "dim", args.dim)
+    _set(model, "n_layers", args.layers)
+    if args.heads is not None:
+        model.update(n_heads=args.heads, n_kv_heads=None)
     if args.text is not None and base.model.vocab_size < 256:
-        top["model"] = dataclasses.replace(base.model, vocab_size=256)
+        model["vocab_size"] = 256
+    if model:
+        top["model"] = dataclasses.replace(base.model, **model)
     return base.replace(**top)
 
 

@@ -9,8 +9,10 @@ only produces tensors; it must not touch process groups or the model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import mmap
+import random
 from pathlib import Path
 
 import torch
@@ -18,20 +20,29 @@ import torch
 _NOISE = 0.1  # share of synthetic positions replaced by random tokens: learnable, not trivial
 
 
-def _generator(seed: int, step: int, index: int, salt: str) -> torch.Generator:
+def _seed_of(seed: int, step: int, index: int, salt: str) -> int:
     key = hashlib.blake2b(f"{salt}:{seed}:{step}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") & (2**63 - 1))
+    return int.from_bytes(key, "little") & (2**63 - 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _successors(seed: int, vocab: int) -> list[int]:
+    """The fixed token-to-next-token table of the synthetic language (a permutation)."""
+    table = list(range(vocab))
+    random.Random(_seed_of(seed, 0, 0, "successors")).shuffle(table)
+    return table
 
 
 def synthetic_sequence(*, seed: int, step: int, index: int, length: int, vocab: int) -> torch.Tensor:
-    """Arithmetic progressions mod vocab with random noise: next token follows from the last two."""
-    gen = _generator(seed, step, index, "synthetic")
-    start = int(torch.randint(vocab, (1,), generator=gen))
-    stride = int(torch.randint(1, 5, (1,), generator=gen))
-    seq = (start + stride * torch.arange(length)) % vocab
-    noisy = torch.rand(length, generator=gen) < _NOISE
-    seq[noisy] = torch.randint(vocab, (int(noisy.sum()),), generator=gen)
-    return seq
+    """A Markov chain over a seeded successor table with random noise: learnable, not trivial."""
+    rng = random.Random(_seed_of(seed, step, index, "synthetic"))
+    table = _successors(seed, vocab)
+    token = rng.randrange(vocab)
+    out = [token]
+    for _ in range(length - 1):
+        token = rng.randrange(vocab) if rng.random() < _NOISE else table[token]
+        out.append(token)
+    return torch.tensor(out, dtype=torch.long)
 
 
 class ByteCorpus:
@@ -47,9 +58,8 @@ class ByteCorpus:
         self.size = size
 
     def window(self, *, seed: int, step: int, index: int, length: int) -> torch.Tensor:
-        gen = _generator(seed, step, index, "bytes")
         span = min(length, self.size)
-        offset = int(torch.randint(self.size - span + 1, (1,), generator=gen))
+        offset = random.Random(_seed_of(seed, step, index, "bytes")).randrange(self.size - span + 1)
         raw = torch.frombuffer(bytearray(self._map[offset : offset + span]), dtype=torch.uint8)
         out = raw.long()
         if span < length:  # a file shorter than a sequence repeats itself

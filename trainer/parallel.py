@@ -146,6 +146,12 @@ def _hooked_allreduce(
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+# DDP inspects the hook's signature and wants the real class, not the postponed string.
+_hooked_allreduce.__annotations__.update(
+    bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
+)
+
+
 def apply_ddp(module: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     group = mesh["dp"].get_group()
     ids = [device.index] if device.type == "cuda" else None

@@ -146,6 +146,11 @@ class ParallelConfig:
             raise ValueError("interleaved_1f1b needs stages_per_rank >= 2 (virtual stages per rank)")
         if self.microbatches < 0:
             raise ValueError(f"parallel.microbatches must be >= 0, got {self.microbatches}")
+        if interleaved and self.num_microbatches % self.pp:
+            raise ValueError(
+                f"interleaved_1f1b needs microbatches ({self.num_microbatches}) divisible by "
+                f"pp ({self.pp})"
+            )
 
     @property
     def dp_total(self) -> int:
@@ -358,7 +363,7 @@ def named(name: str, **overrides: Any) -> Recipe:
         raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(_SHAPES)}")
     base: dict[str, Any] = {"name": name, "model": _SHAPES[name]}
     if name == "tiny":
-        base.update(steps=20, global_batch=8, seq_len=32)
+        base.update(steps=20, global_batch=8, seq_len=32, optim=OptimConfig(lr=1e-2))
     else:
         base.update(_GPU_DEFAULTS, steps=100, global_batch=8, seq_len=2048, compile=True)
         if name in ("1b", "8b"):
