@@ -37,7 +37,7 @@ class Assembled:
 
 
 def lr_at(step: int, recipe: recipes.Recipe) -> float:
-    """Linear warmup to lr, then cosine decay to lr × min_lr_ratio at the last step."""
+    """Linear warmup to lr, then cosine decay to lr x min_lr_ratio at the last step."""
     opt = recipe.optim
     if opt.warmup_steps and step <= opt.warmup_steps:
         return opt.lr * step / opt.warmup_steps
@@ -57,9 +57,7 @@ def _optimizer(params: list[nn.Parameter], recipe: recipes.Recipe) -> torch.opti
     return torch.optim.AdamW(groups, lr=lr_at(1, recipe), betas=recipe.optim.betas, foreach=True)
 
 
-def assemble(
-    recipe: recipes.Recipe, *, mesh: DeviceMesh | None, device: torch.device
-) -> Assembled:
+def assemble(recipe: recipes.Recipe, *, mesh: DeviceMesh | None, device: torch.device) -> Assembled:
     par = recipe.parallel
     owner = model_lib.build(recipe.model, seed=recipe.data.seed, device=device)
     plan = None

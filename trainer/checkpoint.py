@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 
 from vigil.trainer import recipes
 
@@ -195,12 +195,15 @@ class Checkpointer:
         start = self._clock()
         result = SaveResult(step=step, path=path, blocked_s=0.0)
         if block or not self.config.async_save:
-            dcp.save(state, checkpoint_id=path, process_group=self.group)
+            state_dict_saver.save(state, checkpoint_id=path, process_group=self.group)
             result.blocked_s = self._clock() - start
             self._finish(result, start)
         else:
             committed: concurrent.futures.Future[None] = concurrent.futures.Future()
-            future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+            future = state_dict_saver.async_save(
+                state, checkpoint_id=path, process_group=self.group
+            )
+            assert isinstance(future, concurrent.futures.Future)  # no async_stager given
             result.blocked_s = self._clock() - start
             future.add_done_callback(lambda fut: self._on_saved(fut, result, start, committed))
             self._pending = committed
@@ -267,6 +270,6 @@ class Checkpointer:
 
     def load(self, path: Path, state: dict[str, Any]) -> int:
         """Load `path` into `state` in place (resharding as needed); returns its step."""
-        dcp.load(state, checkpoint_id=path, process_group=self.group)
+        state_dict_loader.load(state, checkpoint_id=path, process_group=self.group)
         manifest = json.loads((path / MANIFEST).read_text())
         return int(manifest["step"])

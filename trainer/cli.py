@@ -3,7 +3,7 @@
 Under torchrun (or vigil's supervisor) each rank runs this command; with `--nproc N` it launches
 N local ranks itself (see `launch`). Flags override the named recipe; bad combinations fail here,
 before any process group exists, with a message that says what to change. Exit codes are
-`loop.ExitCode`. Output to the terminal goes through logging; this module holds no training logic.
+`exits.ExitCode`. Output to the terminal goes through logging; this module holds no training logic.
 """
 
 from __future__ import annotations
@@ -14,10 +14,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vigil.cli import Command
-from vigil.trainer import launch, loop, recipes, runtime
+from vigil.env import EnvVar
+from vigil.trainer import launch, recipes
+from vigil.trainer.exits import ExitCode
+
+if TYPE_CHECKING:
+    from vigil.trainer.runtime import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--dp-mode", choices=[m.value for m in recipes.DataParallel], help="fsdp, hsdp or ddp")
     add("--pp-schedule", choices=[s.value for s in recipes.PipelineSchedule])
     add("--stages-per-rank", type=int, help="virtual pipeline stages per rank (interleaved)")
-    add("--microbatches", type=int, help="pipeline microbatches (default 2 × pp)")
+    add("--microbatches", type=int, help="pipeline microbatches (default 2 x pp)")
     add("--no-sequence-parallel", action="store_true", help="keep activations replicated in TP")
     add("--global-batch", type=int, help="sequences per step across all dp ranks")
     add("--micro-batch", type=int, help="sequences per forward (gradient accumulation)")
@@ -121,8 +126,10 @@ def recipe_from_args(args: argparse.Namespace) -> recipes.Recipe:
     return base.replace(**top)
 
 
-def options_from_args(args: argparse.Namespace) -> runtime.RunOptions:
-    return runtime.RunOptions(
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    from vigil.trainer.runtime import RunOptions
+
+    return RunOptions(
         job_id=args.job,
         force_cpu=args.cpu,
         collective_timeout_s=args.timeout,
@@ -137,9 +144,13 @@ def options_from_args(args: argparse.Namespace) -> runtime.RunOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch loads here, not at import: `vigil --help` and other subcommands stay fast.
+    from vigil.trainer import faults, runtime
+
     try:
         recipe = recipe_from_args(args)
         options = options_from_args(args)
+        faults.parse(options.faults_spec or os.environ.get(EnvVar.FAULTS, ""))
         if args.nproc:
             recipe.validate_world(args.nproc)
         env = runtime.LaunchEnv.from_env() if not args.nproc else None
@@ -147,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             recipe.validate_world(env.world_size)
     except ValueError as exc:
         sys.stderr.write(f"vigil train: {exc}\n")
-        return int(loop.ExitCode.BAD_CONFIG)
+        return int(ExitCode.BAD_CONFIG)
     if args.nproc:
         return launch.launch_local(args.nproc, launch.child_argv(sys.argv[1:]))
     try:
@@ -155,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception:
         log.exception("training failed")
         logging.shutdown()
-        os._exit(int(loop.ExitCode.FAILED))  # peers may be gone: skip teardown that could block
+        os._exit(int(ExitCode.FAILED))  # peers may be gone: skip teardown that could block
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,9 @@ def _successors(seed: int, vocab: int) -> list[int]:
     return table
 
 
-def synthetic_sequence(*, seed: int, step: int, index: int, length: int, vocab: int) -> torch.Tensor:
+def synthetic_sequence(
+    *, seed: int, step: int, index: int, length: int, vocab: int
+) -> torch.Tensor:
     """A Markov chain over a seeded successor table with random noise: learnable, not trivial."""
     rng = random.Random(_seed_of(seed, step, index, "synthetic"))
     table = _successors(seed, vocab)

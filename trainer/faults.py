@@ -24,9 +24,11 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from vigil.trainer.exits import ExitCode
+
 log = logging.getLogger(__name__)
 
-CRASH_EXIT_CODE = 13  # what an injected crash exits with, so supervisors can tell it apart
+CRASH_EXIT_CODE = int(ExitCode.INJECTED_CRASH)  # so supervisors can tell injected crashes apart
 _HANG_POLL_S = 1.0
 
 
@@ -121,7 +123,8 @@ def _parse_one(text: str) -> Fault:
         kind = FaultKind(kind_text.strip())
     except ValueError:
         kinds = ", ".join(k.value for k in FaultKind)
-        raise ValueError(f"unknown fault kind {kind_text!r} in {text!r}; use one of {kinds}") from None
+        problem = f"unknown fault kind {kind_text!r} in {text!r}; use one of {kinds}"
+        raise ValueError(problem) from None
     values: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")

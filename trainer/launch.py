@@ -90,7 +90,9 @@ def launch_local(nproc: int, args: Sequence[str], *, timeout_s: float | None = N
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
+            # Peers of a crashed rank fail too (exit 1, "connection closed"); when both are seen
+            # in one poll, the specific code of the rank that failed first is the job's.
+            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c == 1)
             if failed:
                 log.error("a rank exited with %d: stopping the others", failed[0])
                 _stop_all(procs)

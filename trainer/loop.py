@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import json
 import logging
 import math
@@ -28,19 +27,11 @@ from torch.distributed.tensor import DTensor
 
 from vigil.trainer import assembly, checkpoint, data, faults, parallel, pipeline, recipes, telemetry
 from vigil.trainer import model as model_lib
+from vigil.trainer.exits import ExitCode
 
 log = logging.getLogger(__name__)
 
 MAX_NONFINITE_STEPS = 3  # consecutive skipped steps before giving up: data or LR is broken
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    FAILED = 1  # an unexpected error (a collective timeout, a crashed peer)
-    BAD_CONFIG = 2  # the recipe or flags are wrong: restarting will not help
-    NONFINITE_LOSS = 3  # loss stayed NaN/inf: restart from an older checkpoint or fix the recipe
-    INJECTED_CRASH = faults.CRASH_EXIT_CODE
-    STOPPED = 75  # stopped on request after a checkpoint (EX_TEMPFAIL): resume later
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -210,7 +201,7 @@ class Trainer:
                     loss = model_lib.cross_entropy(parts.module(inputs), labels) / accum
                     loss = self.injector.corrupt_loss(step, loss)
                 with self.tele.span("backward"):
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]
             total += loss.detach()
         return total
 
@@ -231,18 +222,20 @@ class Trainer:
         return loss_sum / max(count, 1.0), ckpt > 0, stop > 0
 
     def _grad_norm(self) -> torch.Tensor:
-        params = [p for p in self.parts.owner.parameters() if p.grad is not None]
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [p.grad for p in self.parts.owner.parameters() if p.grad is not None]
         squares = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        for group in ([g for g in grads if isinstance(g, DTensor)], [g for g in grads if not isinstance(g, DTensor)]):
+        for group in (
+            [g for g in grads if isinstance(g, DTensor)],
+            [g for g in grads if not isinstance(g, DTensor)],
+        ):
             if not group:
                 continue
             norm = torch.nn.utils.get_total_norm(group, foreach=True)
             if isinstance(norm, DTensor):
                 norm = norm.full_tensor()
             squares += norm.float() ** 2
-        if self.mesh is not None and self.recipe.parallel.pp > 1:
-            dist.all_reduce(squares, group=self.mesh["pp"].get_group())  # stages hold disjoint layers
+        if self.mesh is not None and self.recipe.parallel.pp > 1:  # stages hold disjoint layers
+            dist.all_reduce(squares, group=self.mesh["pp"].get_group())
         return squares.sqrt()
 
     def _optimizer_step(self, step: int, loss: float) -> bool:
@@ -357,9 +350,7 @@ class Trainer:
 
 
 @contextlib.contextmanager
-def trainer_session(
-    recipe: recipes.Recipe, **kwargs: Any
-) -> Iterator[Trainer]:
+def trainer_session(recipe: recipes.Recipe, **kwargs: Any) -> Iterator[Trainer]:
     trainer = Trainer(recipe, **kwargs)
     try:
         yield trainer

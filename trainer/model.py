@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch import nn
 
 from vigil.trainer import recipes
@@ -43,7 +43,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        out: torch.Tensor = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return out
 
 
 class Attention(nn.Module):
@@ -69,7 +70,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_rep, dim=1)
             v = v.repeat_interleave(self.n_rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        return projected
 
 
 class FeedForward(nn.Module):
@@ -82,7 +84,8 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class Block(nn.Module):
@@ -94,14 +97,17 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h: torch.Tensor = x + self.attention(self.attention_norm(x), cos, sin)
+        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return out
 
 
 class Transformer(nn.Module):
     """The whole decoder, or one pipeline stage of it (missing parts are None)."""
 
     tok_embeddings: nn.Embedding | None
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
     norm: RMSNorm | None
     output: nn.Linear | None
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._distributed_c10d import GradBucket
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -81,7 +82,9 @@ def _tp_block_plan(sequence_parallel: bool) -> dict[str, Any]:
     }
 
 
-def apply_tp(module: model_lib.Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+def apply_tp(
+    module: model_lib.Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
+) -> None:
     """Megatron-style column/row sharding of every block; norms sharded over the sequence (SP)."""
     seq = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {}
@@ -137,18 +140,19 @@ def apply_fsdp(
 
 
 def _hooked_allreduce(
-    group: dist.ProcessGroup, bucket: dist.GradBucket
+    group: dist.ProcessGroup, bucket: GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket through the Python collective API (visible to the SDK)."""
     buffer = bucket.buffer().div_(group.size())
     work = dist.all_reduce(buffer, group=group, async_op=True)
     assert work is not None
-    return work.get_future().then(lambda fut: fut.value()[0])
+    reduced: torch.futures.Future[torch.Tensor] = work.get_future().then(lambda fut: fut.value()[0])
+    return reduced
 
 
 # DDP inspects the hook's signature and wants the real class, not the postponed string.
 _hooked_allreduce.__annotations__.update(
-    bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
+    bucket=GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
 )
 
 

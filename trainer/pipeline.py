@@ -19,6 +19,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from vigil.trainer import model as model_lib
 from vigil.trainer import recipes
@@ -90,7 +91,7 @@ def build_schedule(
     device: torch.device,
     loss_fn: LossFn,
 ) -> PipelineScheduleSingle | PipelineScheduleMulti:
-    stages = [
+    stages: list[_PipelineStageBase] = [
         PipelineStage(module, s, plan.num_stages, device, group=group)
         for module, s in zip(modules, plan.stage_ids, strict=True)
     ]

@@ -127,7 +127,7 @@ class ParallelConfig:
     sequence_parallel: bool = True  # shard norms/activations over the sequence under TP
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     stages_per_rank: int = 1  # >1 only with interleaved 1F1B (virtual stages)
-    microbatches: int = 0  # pipeline microbatches; 0 means 2 × pp
+    microbatches: int = 0  # pipeline microbatches; 0 means 2 x pp
 
     def __post_init__(self) -> None:
         for name in ("dp", "dp_replicate", "tp", "pp", "stages_per_rank"):
@@ -137,13 +137,13 @@ class ParallelConfig:
             raise ValueError("dp_replicate > 1 needs data_parallel='hsdp'; set --dp-mode hsdp")
         if self.data_parallel is DataParallel.DDP and (self.tp > 1 or self.pp > 1):
             raise ValueError(
-                "DDP combines with neither tp nor pp here; use data_parallel='fsdp' for dp×tp/dp×pp"
+                "DDP combines with neither tp nor pp here; use data_parallel='fsdp' for dpxtp/dpxpp"
             )
         interleaved = self.pipeline_schedule is PipelineSchedule.INTERLEAVED_1F1B
         if self.stages_per_rank > 1 and not interleaved:
             raise ValueError("stages_per_rank > 1 needs pipeline_schedule='interleaved_1f1b'")
         if interleaved and self.pp > 1 and self.stages_per_rank < 2:
-            raise ValueError("interleaved_1f1b needs stages_per_rank >= 2 (virtual stages per rank)")
+            raise ValueError("interleaved_1f1b needs stages_per_rank >= 2 (virtual stages)")
         if self.microbatches < 0:
             raise ValueError(f"parallel.microbatches must be >= 0, got {self.microbatches}")
         if interleaved and self.num_microbatches % self.pp:
@@ -154,7 +154,7 @@ class ParallelConfig:
 
     @property
     def dp_total(self) -> int:
-        """Number of data-parallel replicas of a batch (shard × replicate)."""
+        """Number of data-parallel replicas of a batch (shard x replicate)."""
         return self.dp * self.dp_replicate
 
     @property
@@ -172,7 +172,7 @@ class ParallelConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr × this
+    min_lr_ratio: float = 0.1  # cosine decays to lr x this
     warmup_steps: int = 2
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
@@ -297,8 +297,8 @@ class Recipe:
         if world_size != want:
             p = self.parallel
             raise ValueError(
-                f"world size {world_size} does not match the mesh dp_replicate×dp×tp×pp = "
-                f"{p.dp_replicate}×{p.dp}×{p.tp}×{p.pp} = {want}; launch {want} processes or "
+                f"world size {world_size} does not match the mesh dp_replicatexdpxtpxpp = "
+                f"{p.dp_replicate}x{p.dp}x{p.tp}x{p.pp} = {want}; launch {want} processes or "
                 "change --dp/--tp/--pp"
             )
 

@@ -105,7 +105,7 @@ def init_process_group(
     launch: LaunchEnv, device: torch.device, *, timeout: datetime.timedelta
 ) -> None:
     """The default group, rendezvoused under this attempt's own store prefix."""
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # type: ignore[attr-defined]
         launch.master_addr,
         launch.master_port,
         launch.world_size,
@@ -113,7 +113,8 @@ def init_process_group(
         timeout=timeout,
         wait_for_workers=False,
     )
-    prefixed = dist.PrefixStore(f"vigil/attempt-{launch.restart_count}", store)
+    attempt_prefix = f"vigil/attempt-{launch.restart_count}"
+    prefixed = dist.PrefixStore(attempt_prefix, store)  # type: ignore[attr-defined]
     # CPU collectives (control all-reduce, checkpoint planning) go over gloo even on GPUs.
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}

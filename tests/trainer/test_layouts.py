@@ -29,12 +29,16 @@ def _cases() -> list[workers.Case]:
     return [
         workers.Case(name="ddp", recipe=par(base, dp=4, data_parallel=DDP)),
         # gradient accumulation: 2 sequences per forward, 2 forwards per step on each rank
-        workers.Case(name="ddp_accum", recipe=par(base.replace(micro_batch=1), dp=4, data_parallel=DDP)),
+        workers.Case(
+            name="ddp_accum", recipe=par(base.replace(micro_batch=1), dp=4, data_parallel=DDP)
+        ),
         workers.Case(name="fsdp", recipe=par(base.replace(activation_checkpoint=full), dp=4)),
         workers.Case(name="hsdp", recipe=par(base, dp=2, dp_replicate=2, data_parallel=HSDP)),
         workers.Case(name="tp", recipe=par(base, tp=4)),
         workers.Case(name="pp_1f1b", recipe=par(base, pp=4)),
-        workers.Case(name="dp_tp", recipe=par(base.replace(activation_checkpoint=selective), dp=2, tp=2)),
+        workers.Case(
+            name="dp_tp", recipe=par(base.replace(activation_checkpoint=selective), dp=2, tp=2)
+        ),
         workers.Case(name="dp_pp", recipe=par(base, dp=2, pp=2)),
         workers.Case(name="tp_pp_gpipe", recipe=par(base, tp=2, pp=2, pipeline_schedule=GPIPE)),
         workers.Case(

@@ -27,7 +27,7 @@ class Case:
 
 
 def small_recipe(**changes: object) -> recipes.Recipe:
-    """The tiny recipe with 4 layers (so pp=4 and interleaved 2×2 stages fit), 10 steps."""
+    """The tiny recipe with 4 layers (so pp=4 and interleaved 2x2 stages fit), 10 steps."""
     base = recipes.named("tiny", steps=10)
     model = dataclasses.replace(base.model, n_layers=4)
     return base.replace(model=model, **changes)
