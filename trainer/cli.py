@@ -119,6 +119,8 @@ def recipe_from_args(args: argparse.Namespace) -> recipes.Recipe:
     _set(model, "n_layers", args.layers)
     if args.heads is not None:
         model.update(n_heads=args.heads, n_kv_heads=None)
+    if args.seq_len is not None and args.seq_len > base.model.max_seq_len:
+        model["max_seq_len"] = args.seq_len  # RoPE tables only: no parameters change
     if args.text is not None and base.model.vocab_size < 256:
         model["vocab_size"] = 256
     if model:

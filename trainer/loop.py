@@ -5,6 +5,10 @@ All ranks agree on what to do after each step through one small all-reduce that 
 loss and the control flags (checkpoint requested, stop requested), so a request that reaches one
 rank through the SDK, or a SIGTERM, turns into the same collective decision everywhere. The
 process group must already exist (see `runtime`); this module never creates or destroys it.
+
+Forward, backward and optimizer time come from the SDK's hooks on the watched model and
+optimizer (`telemetry.watch`); this loop adds only the "data" and "checkpoint" spans, so no phase
+is counted twice.
 """
 
 from __future__ import annotations
@@ -189,7 +193,7 @@ class Trainer:
         """Local mean loss of this rank's batch (None on pipeline ranks without the loss)."""
         parts = self.parts
         if parts.schedule is not None and parts.plan is not None:
-            with self.tele.span("forward_backward"), self._autocast():
+            with self._autocast():
                 loss = pipeline.run_step(parts.schedule, parts.plan, batch.inputs, batch.labels)
             return self.injector.corrupt_loss(step, loss) if loss is not None else None
         accum = self.recipe.accumulation_steps
@@ -197,11 +201,10 @@ class Trainer:
         pairs = zip(batch.inputs.chunk(accum), batch.labels.chunk(accum), strict=True)
         for index, (inputs, labels) in enumerate(pairs):
             with self._sync_context(index == accum - 1):
-                with self.tele.span("forward"), self._autocast():
+                with self._autocast():
                     loss = model_lib.cross_entropy(parts.module(inputs), labels) / accum
                     loss = self.injector.corrupt_loss(step, loss)
-                with self.tele.span("backward"):
-                    loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()  # type: ignore[no-untyped-call]
             total += loss.detach()
         return total
 
@@ -268,8 +271,7 @@ class Trainer:
             local_loss = self._forward_backward(batch, step)
             self.injector.after_compute(step, self.clock() - compute_start)
             loss, want_ckpt, want_stop = self._agree(local_loss)
-            with self.tele.span("optimizer"):
-                stepped = self._optimizer_step(step, loss)
+            stepped = self._optimizer_step(step, loss)
             handle.set_loss(loss)
         step_s = self.clock() - start
         tokens_per_s = self.recipe.tokens_per_step / step_s if step_s > 0 else 0.0

@@ -38,7 +38,7 @@ def _vigil_train(*args: str, env: dict[str, str] | None = None, timeout: float =
         (["--dp", "2", "--dp-mode", "ddp", "--tp", "2"], "use data_parallel='fsdp'"),
         (["--pp", "4"], "4 pipeline stages need at least that many layers"),
         (["--dp", "3"], "global_batch (8) must be divisible by the data-parallel size (3)"),
-        (["--seq-len", "64"], "exceeds model.max_seq_len"),
+        (["--micro-batch", "3"], "micro_batch (3) must divide the per-rank batch (8)"),
         (["--faults", "explode:rank=0"], "unknown fault kind 'explode'"),
     ],
 )
