@@ -1,7 +1,24 @@
 """SDK hooks inside training processes and the per-node agent daemon.
 
-vigil.agent must not import vigil.collector (import-linter contract). Its public API is
-re-exported here as it lands.
+Training code uses `init`, `watch`, `step`, `span`, `on_control` and `shutdown` (see
+`vigil.agent.sdk`). vigil.agent must not import vigil.collector (import-linter contract).
 """
 
-__all__: list[str] = []
+from vigil.agent.config import AgentConfig, SdkConfig, ShipperConfig
+from vigil.agent.sdk import current, init, on_control, shutdown, span, step, watch
+from vigil.agent.session import Session, StepHandle
+
+__all__ = [
+    "AgentConfig",
+    "SdkConfig",
+    "Session",
+    "ShipperConfig",
+    "StepHandle",
+    "current",
+    "init",
+    "on_control",
+    "shutdown",
+    "span",
+    "step",
+    "watch",
+]

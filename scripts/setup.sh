@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt_packages=()
+  apt_packages=(prometheus)
   if [ ${#apt_packages[@]} -gt 0 ]; then
     missing=()
     for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -1,0 +1,424 @@
+"""Times every torch.distributed collective and point-to-point op a training process issues.
+
+`install()` wraps the public functions of `torch.distributed` (the names FSDP2, tensor
+parallelism and user code call through `dist.<name>`), and `Work.wait` to measure how long the
+training thread is blocked on asynchronous work. DDP's gradient all-reduce runs in C++ and is
+reached through a communication hook (`ddp_comm_hook`) that calls the wrapped `all_reduce`.
+
+Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
+go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
+Asynchronous ops are timed at completion through their Work's future. On CUDA, events on the
+current stream time synchronous ops (resolved without blocking at step boundaries); on CPU the
+monotonic clock is used.
+
+Every hook is fail-open: an internal error is counted and the original call proceeds untouched.
+This module must not do I/O beyond the progress page, and never blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vigil import schema
+from vigil.agent import progress
+
+log = logging.getLogger(__name__)
+
+# name -> (tensor argument, how to size it, group argument). "output"/"input" name the argument
+# whose bytes count as the message size (NCCL-tests convention: all-gather counts its output,
+# reduce-scatter its input).
+_SPECS: dict[str, tuple[str | None, str]] = {
+    "all_reduce": ("tensor", "group"),
+    "all_reduce_coalesced": ("tensors", "group"),
+    "broadcast": ("tensor", "group"),
+    "reduce": ("tensor", "group"),
+    "all_gather": ("tensor_list", "group"),
+    "all_gather_single": ("output_tensor", "group"),
+    "all_gather_into_tensor": ("output_tensor", "group"),
+    "reduce_scatter": ("input_list", "group"),
+    "reduce_scatter_single": ("input", "group"),
+    "reduce_scatter_tensor": ("input", "group"),
+    "all_to_all": ("input_tensor_list", "group"),
+    "all_to_all_single": ("input", "group"),
+    "gather": ("tensor", "group"),
+    "scatter": ("tensor", "group"),
+    "barrier": (None, "group"),
+    "send": ("tensor", "group"),
+    "recv": ("tensor", "group"),
+    "isend": ("tensor", "group"),
+    "irecv": ("tensor", "group"),
+}
+_P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
+_ALWAYS_ASYNC = {"isend", "irecv"}
+# Durations kept per (group, op, bytes) to estimate the pure transfer time (their minimum).
+_BASELINE_WINDOW = 32
+
+
+@dataclasses.dataclass(slots=True)
+class _Agg:
+    count: int = 0
+    nbytes: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+    wait_s: float = 0.0
+    last_seq: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    index: int
+    group: str
+    op: str
+    seq: int
+    nbytes: int
+    start: float
+    step: int
+    cuda_start: Any = None
+
+
+class CollectiveRecorder:
+    """Per-process state: sequence numbers, the ring buffer cursor and per-step aggregates."""
+
+    def __init__(
+        self,
+        *,
+        page: progress.PageWriter | None,
+        step_of: Callable[[], int],
+        on_error: Callable[[BaseException], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall_offset_s: float | None = None,
+    ) -> None:
+        self._page = page
+        self._step_of = step_of
+        self._on_error = on_error
+        self._clock = clock
+        self._wall = time.time() - clock() if wall_offset_s is None else wall_offset_s
+        self._lock = threading.Lock()
+        self._seqs: dict[str, int] = collections.defaultdict(int)
+        self._aggs: dict[tuple[str, str], _Agg] = {}
+        self._baselines: dict[tuple[str, str, int], collections.deque[float]] = {}
+        self._names: dict[int, str] = {}
+        self._index = 0
+        self._cuda_pending: list[tuple[_Pending, Any]] = []
+        self.blocked_s = 0.0  # training-thread time blocked in sync ops and Work.wait this step
+        self.collective_s = 0.0
+        self.training_thread = threading.get_ident()
+
+    # -- naming ---------------------------------------------------------------------------
+    def group_name(self, group: Any) -> str:
+        key = id(group)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = _describe_group(group)
+        return name
+
+    # -- the hot path ---------------------------------------------------------------------
+    def begin(
+        self, op: str, group: Any, tensors: Any, peer: int | None, *, blocking: bool
+    ) -> _Pending:
+        now = self._clock()
+        name = self.group_name(group)
+        if peer is not None:
+            me = dist.get_rank()
+            low, high = sorted((me, peer))
+            name = f"{name}:p2p:{low}-{high}"
+        nbytes, dtype, cuda = _size(tensors)
+        with self._lock:
+            self._seqs[name] += 1
+            seq = self._seqs[name]
+            index = self._index
+            self._index += 1
+        pending = _Pending(index, name, op, seq, nbytes, now, self._step_of())
+        if cuda:
+            pending.cuda_start = _cuda_event()
+        page = self._page
+        if page is not None:
+            wall = now + self._wall
+            page.write_event(
+                index,
+                seq=seq,
+                step=pending.step,
+                nbytes=nbytes,
+                enqueue_s=wall,
+                start_s=wall,
+                end_s=0.0,
+                group=name,
+                op=op,
+                dtype=dtype,
+            )
+            page.collective(name, seq, op, entering=blocking, now_mono=now, now_wall=wall)
+        return pending
+
+    def finish(self, pending: _Pending, *, sync: bool) -> None:
+        """Record completion now (sync op returned, or an async op's future fired)."""
+        try:
+            now = self._clock()
+            if sync and pending.cuda_start is not None:
+                with self._lock:
+                    self._cuda_pending.append((pending, _cuda_event()))
+            else:
+                self._complete(pending, now - pending.start, now)
+            if sync:
+                self.blocked_s += now - pending.start
+                page = self._page
+                if page is not None:
+                    page.collective(
+                        pending.group,
+                        pending.seq,
+                        pending.op,
+                        entering=False,
+                        now_mono=now,
+                        now_wall=now + self._wall,
+                    )
+        except Exception as exc:  # fail-open: never raise into training or a comm thread
+            self._on_error(exc)
+
+    def _complete(self, pending: _Pending, duration: float, end: float) -> None:
+        key = (pending.group, pending.op, pending.nbytes)
+        with self._lock:
+            window = self._baselines.get(key)
+            if window is None:
+                window = self._baselines[key] = collections.deque(maxlen=_BASELINE_WINDOW)
+            window.append(duration)
+            wait = max(0.0, duration - min(window))
+            agg = self._aggs.get((pending.group, pending.op))
+            if agg is None:
+                agg = self._aggs[(pending.group, pending.op)] = _Agg()
+            agg.count += 1
+            agg.nbytes += pending.nbytes
+            agg.total_s += duration
+            agg.max_s = max(agg.max_s, duration)
+            agg.wait_s += wait
+            agg.last_seq = max(agg.last_seq, pending.seq)
+            self.collective_s += duration
+        if self._page is not None:
+            self._page.finish_event(pending.index, end + self._wall)
+
+    def wait_blocked(self, seconds: float) -> None:
+        if threading.get_ident() == self.training_thread:
+            self.blocked_s += seconds
+
+    # -- step boundary --------------------------------------------------------------------
+    def take(
+        self, *, job: str, rank: int, step: int
+    ) -> tuple[list[schema.CollectiveAggregate], float, float]:
+        """This step's aggregates, exposed blocked time and total collective time; resets them."""
+        self._resolve_cuda()
+        with self._lock:
+            aggs, self._aggs = self._aggs, {}
+            blocked, self.blocked_s = self.blocked_s, 0.0
+            total, self.collective_s = self.collective_s, 0.0
+        records = [
+            schema.CollectiveAggregate(
+                job_id=job,
+                rank=rank,
+                step=step,
+                group=group,
+                op=op,
+                count=a.count,
+                bytes=a.nbytes,
+                total_device_s=a.total_s,
+                max_device_s=a.max_s,
+                total_wait_s=a.wait_s,
+                last_seq=a.last_seq,
+            )
+            for (group, op), a in aggs.items()
+        ]
+        return records, blocked, total
+
+    def _resolve_cuda(self) -> None:
+        """Turn finished CUDA event pairs into durations without blocking on unfinished ones."""
+        if not self._cuda_pending:
+            return
+        with self._lock:
+            pending, self._cuda_pending = self._cuda_pending, []
+        keep = []
+        for item, end_event in pending:
+            if end_event.query():
+                seconds = item.cuda_start.elapsed_time(end_event) / 1000.0
+                self._complete(item, seconds, item.start + seconds)
+            else:
+                keep.append((item, end_event))
+        with self._lock:
+            self._cuda_pending.extend(keep)
+
+
+def _describe_group(group: Any) -> str:
+    if group is None or group is dist.GroupMember.WORLD:
+        return "world"
+    # The user's description ("tp", "dp_shard") plus the group's id, unique among groups that
+    # share a description (each TP group of a job is "tp"); the same on every member rank.
+    desc = getattr(group, "group_desc", "")
+    ident = getattr(group, "group_name", "?")
+    if desc and desc not in ("undefined", "default_pg"):
+        return f"{desc}:{ident}"[:32]
+    return f"pg:{ident}"[:32]
+
+
+def _size(tensors: Any) -> tuple[int, str, bool]:
+    if tensors is None:
+        return 0, "", False
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size(), str(tensors.dtype)[6:], tensors.is_cuda
+    total, dtype, cuda = 0, "", False
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+            dtype, cuda = str(t.dtype)[6:], t.is_cuda
+    return total, dtype, cuda
+
+
+def _cuda_event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event
+
+
+# -- installing the wrappers ----------------------------------------------------------------
+_state = threading.local()
+_active: CollectiveRecorder | None = None
+_originals: dict[str, Any] = {}
+
+
+def _position(fn: Callable[..., Any], name: str | None) -> int:
+    if name is None:
+        return -1
+    params = list(inspect.signature(fn).parameters)
+    return params.index(name) if name in params else -1
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str | None) -> Any:
+    if name is None:
+        return None
+    if 0 <= pos < len(args):
+        return args[pos]
+    return kwargs.get(name)
+
+
+def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    tensor_name, group_name = _SPECS[op]
+    peer_name = _P2P.get(op)
+    t_pos, g_pos = _position(fn, tensor_name), _position(fn, group_name)
+    p_pos, a_pos = _position(fn, peer_name), _position(fn, "async_op")
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        recorder = _active
+        if recorder is None or getattr(_state, "depth", False):
+            return fn(*args, **kwargs)
+        try:
+            peer = _arg(args, kwargs, p_pos, peer_name)
+            is_async = op in _ALWAYS_ASYNC or bool(_arg(args, kwargs, a_pos, "async_op"))
+            pending = recorder.begin(
+                op,
+                _arg(args, kwargs, g_pos, group_name),
+                _arg(args, kwargs, t_pos, tensor_name),
+                int(peer) if peer is not None else None,
+                blocking=not is_async,
+            )
+        except Exception as exc:
+            recorder._on_error(exc)
+            return fn(*args, **kwargs)
+        _state.depth = True
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _state.depth = False
+        if is_async and result is not None:
+            _on_completion(recorder, pending, result)
+        else:
+            recorder.finish(pending, sync=True)
+        return result
+
+    wrapper.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -> None:
+    try:
+        work.get_future().add_done_callback(lambda _f: recorder.finish(pending, sync=False))
+    except Exception:  # a Work type without futures: completion is observed at wait()
+        _work_pending[id(work)] = (recorder, pending)
+
+
+_work_pending: dict[int, tuple[CollectiveRecorder, _Pending]] = {}
+
+
+def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = _active
+        if recorder is None or getattr(_state, "depth", False):
+            # Inside a wrapped synchronous collective (it waits on its own Work): that time is
+            # already the collective's; counting it here too would double the exposed wait.
+            return original(self, *args, **kwargs)
+        start = time.monotonic()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                recorder.wait_blocked(time.monotonic() - start)
+                pending = _work_pending.pop(id(self), None)
+                if pending is not None:
+                    pending[0].finish(pending[1], sync=False)
+            except Exception as exc:
+                recorder._on_error(exc)
+
+    return wait
+
+
+def install(recorder: CollectiveRecorder) -> None:
+    """Route torch.distributed's collectives through `recorder` (idempotent)."""
+    global _active
+    _active = recorder
+    if _originals:
+        return
+    for op in _SPECS:
+        fn = getattr(dist, op, None)
+        if fn is None or hasattr(fn, "__vigil_wrapped__"):
+            continue
+        _originals[op] = fn
+        setattr(dist, op, _wrap(op, fn))
+    work_type = getattr(dist, "Work", None)
+    if work_type is not None:
+        _originals["Work.wait"] = work_type.wait
+        work_type.wait = _wrap_wait(work_type.wait)
+
+
+def uninstall() -> None:
+    """Restore the original functions; wrapped calls in flight finish normally."""
+    global _active
+    _active = None
+    for name, fn in list(_originals.items()):
+        if name == "Work.wait":
+            dist.Work.wait = fn  # type: ignore[method-assign]
+        else:
+            setattr(dist, name, fn)
+    _originals.clear()
+    _work_pending.clear()
+
+
+def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
+    """DDP's default all-reduce, issued through the wrapped `dist.all_reduce` so it is timed."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.allreduce_hook(process_group, bucket)
+
+
+# DDP checks the hook's annotations at registration; with postponed evaluation they are strings.
+ddp_comm_hook.__annotations__ = {
+    "process_group": object,
+    "bucket": dist.GradBucket,  # type: ignore[attr-defined]
+    "return": torch.futures.Future[torch.Tensor],
+}

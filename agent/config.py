@@ -1,0 +1,190 @@
+"""Typed configuration of the SDK session and the node agent.
+
+Keyword-only dataclasses that validate in `__post_init__` and raise ValueError naming what to
+change. Pure data: no I/O, no torch, no threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from vigil import schema
+
+# /dev/shm is RAM-backed on Linux, so a wedged process's last page write is visible to the agent
+# immediately and the page costs no disk I/O.
+DEFAULT_PROGRESS_DIR = Path("/dev/shm/vigil")
+# 4096 collective events cover several steps of a deep FSDP/TP model (hundreds of collectives per
+# step) at ~200 bytes each: under 1 MiB of shared memory per rank.
+DEFAULT_RING_CAPACITY = 4096
+# 64 MiB of spooled batches hold hours of one rank's step records and aggregates.
+DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _paths(obj: object, *names: str) -> None:
+    """Accept str / PathLike for path fields of a frozen dataclass: store them as Path."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, Path):
+            object.__setattr__(obj, name, Path(value))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShipperConfig:
+    """How batches travel to the collector and how much is kept while it is away."""
+
+    collector_url: str
+    spool_dir: Path
+    token: str | None = None
+    # Disk the spool may use; past it the oldest batches are dropped (and counted).
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    # 5 s bounds one POST: a healthy collector answers in milliseconds, a wedged one must not
+    # stall the shipping thread for longer than a couple of flush intervals.
+    timeout_s: float = 5.0
+    # Attempts per batch before it goes to the spool; the spool is retried on every flush.
+    max_attempts: int = 3
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    # Records per POST: one rank's step produces ~10 records, so this is one flush of many steps.
+    max_batch_records: int = 5000
+    compress: bool = True
+
+    def __post_init__(self) -> None:
+        _paths(self, "spool_dir")
+        _require(
+            self.collector_url.startswith(("http://", "https://")),
+            f"collector URL {self.collector_url!r} must start with http:// or https://",
+        )
+        _require(self.spool_max_bytes > 0, "spool_max_bytes must be > 0")
+        _require(self.timeout_s > 0, "timeout_s must be > 0 (seconds per POST)")
+        _require(self.max_attempts >= 1, "max_attempts must be >= 1")
+        _require(
+            0 < self.backoff_initial_s <= self.backoff_max_s,
+            "need 0 < backoff_initial_s <= backoff_max_s",
+        )
+        _require(self.max_batch_records >= 1, "max_batch_records must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SdkConfig:
+    """Everything one training process's SDK session needs; built by `vigil.agent.init`."""
+
+    job: str
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    node: str = "localhost"
+    pod: str = ""
+    collector: str | None = None
+    token: str | None = None
+    output_dir: Path | None = None
+    progress_dir: Path = DEFAULT_PROGRESS_DIR
+    spool_dir: Path | None = None
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    model_shape: schema.ModelShape | None = None
+    flops_per_token: float | None = None
+    # Count the first step's FLOPs with torch.utils.flop_counter when no shape/flops are given.
+    measure_flops: bool = False
+    peak_flops: float | None = None
+    # Measure the CPU's GEMM peak (~0.2 s at init) when no device peak is known.
+    measure_cpu_peak: bool = True
+    ring_capacity: int = DEFAULT_RING_CAPACITY
+    # Heartbeats and file flushes once a second: the analyzer's hang detection works in seconds.
+    flush_interval_s: float = 1.0
+    # Records waiting for the background thread; past this the oldest are dropped and counted.
+    max_queued_records: int = 100_000
+    time_collectives: bool = True
+    # SIGUSR1 dumps all Python thread stacks with faulthandler (0 disables).
+    stack_signal: int = 10
+    # The SDK's own hang suspicion: no progress for factor x the slowest recent step, at least
+    # min_hang_s, dumps the ring buffer and stacks to the output files.
+    hang_factor: float = 5.0
+    min_hang_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _paths(self, "output_dir", "progress_dir", "spool_dir")
+        _require(bool(self.job) and len(self.job) <= 256, "job must be a 1..256 character name")
+        _require(
+            "/" not in self.job and self.job not in (".", ".."),
+            f"job {self.job!r} must not contain '/' (it names a folder)",
+        )
+        _require(self.world_size >= 1, f"world_size must be >= 1, got {self.world_size}")
+        _require(
+            0 <= self.rank < self.world_size,
+            f"rank {self.rank} must be in [0, world_size={self.world_size})",
+        )
+        _require(self.local_rank >= 0, "local_rank must be >= 0")
+        _require(bool(self.node), "node must be a non-empty name")
+        if self.collector is not None:
+            _require(
+                self.collector.startswith(("http://", "https://")),
+                f"collector {self.collector!r} must be an http:// or https:// URL",
+            )
+        _require(self.ring_capacity >= 16, "ring_capacity must be >= 16 events")
+        _require(self.flush_interval_s > 0, "flush_interval_s must be > 0")
+        _require(self.max_queued_records >= 100, "max_queued_records must be >= 100")
+        _require(self.spool_max_bytes > 0, "spool_max_bytes must be > 0")
+        for name in ("flops_per_token", "peak_flops"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, f"{name} must be > 0 when given, got {value}")
+        _require(self.hang_factor > 1, "hang_factor must be > 1")
+        _require(self.min_hang_s > 0, "min_hang_s must be > 0")
+        _require(self.stack_signal >= 0, "stack_signal must be a signal number or 0")
+
+    @property
+    def rank_tag(self) -> str:
+        return f"rank-{self.rank:05d}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """The node agent daemon's settings (`vigil agent`)."""
+
+    node: str
+    progress_dir: Path = DEFAULT_PROGRESS_DIR
+    output_dir: Path | None = None
+    collector: str | None = None
+    token: str | None = None
+    spool_dir: Path | None = None
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    metrics_host: str = "127.0.0.1"
+    # 9464 is the port OpenTelemetry's Prometheus exporter convention reserves for node agents.
+    metrics_port: int = 9464
+    # One sample a second: dcgm-exporter's 30 s default hides throttling and XID bursts.
+    sample_interval_s: float = 1.0
+    poll_interval_s: float = 0.5
+    # A rank is hung after hang_factor x its slowest recent step without progress, and never
+    # sooner than min_hang_s; before its first step it gets startup_grace_s.
+    hang_factor: float = 5.0
+    min_hang_s: float = 30.0
+    startup_grace_s: float = 600.0
+    # py-spy needs ptrace; 20 s covers a big process, and a stuck py-spy must not stall the agent.
+    stack_timeout_s: float = 20.0
+    use_nvml: bool = True
+
+    def __post_init__(self) -> None:
+        _paths(self, "output_dir", "progress_dir", "spool_dir")
+        _require(bool(self.node), "node must be a non-empty name")
+        _require(0 <= self.metrics_port <= 65535, "metrics_port must be 0..65535")
+        _require(self.sample_interval_s > 0, "sample_interval_s must be > 0")
+        _require(self.poll_interval_s > 0, "poll_interval_s must be > 0")
+        _require(self.hang_factor > 1, "hang_factor must be > 1")
+        _require(self.min_hang_s > 0, "min_hang_s must be > 0")
+        _require(self.startup_grace_s > 0, "startup_grace_s must be > 0")
+        _require(self.stack_timeout_s > 0, "stack_timeout_s must be > 0")
+        if self.collector is not None:
+            _require(
+                self.collector.startswith(("http://", "https://")),
+                f"collector {self.collector!r} must be an http:// or https:// URL",
+            )
+
+
+def default_node() -> str:
+    """This host's name, as ranks and the agent report it."""
+    return os.environ.get("NODE_NAME") or os.uname().nodename or "localhost"

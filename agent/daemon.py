@@ -1,0 +1,306 @@
+"""The node agent: one per host, beside the training processes.
+
+Each poll it reads every local rank's progress page, feeds the watchdog, and on a suspected hang
+collects the rank's stacks (py-spy, faulthandler fallback) and collective ring buffer and ships
+them as evidence (a `hang` Finding whose evidence note holds the stacks, the ring's
+CollectiveEvents and a Heartbeat). Each sample interval it samples NVML (or the host) and queues
+`Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
+through the same queue/flusher/shipper as the SDK (spooling while the collector is away).
+
+Owns its thread(s), its HTTP server and its output; never writes to a training process except
+through the page's control block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from vigil import schema
+from vigil.agent import config, exporter, progress, sampler, shipping, sinks, stacks, watchdog
+
+log = logging.getLogger(__name__)
+_MAX_STACK_NOTE = 64 * 1024
+
+
+@dataclasses.dataclass
+class _Tracked:
+    reader: progress.PageReader
+    last: progress.PageSnapshot | None = None
+    hung: bool = False
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: config.AgentConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        host: sampler.HostSampler | None = None,
+        gpus: sampler.NvmlSampler | bool | None = True,
+        capture: Callable[..., stacks.Stacks] = stacks.capture,
+    ) -> None:
+        self.cfg = cfg
+        self._clock = clock
+        self._capture = capture
+        self.host = host or sampler.HostSampler()
+        self.gpus = sampler.open_nvml(enabled=cfg.use_nvml) if gpus is True else gpus or None
+        self.watchdog = watchdog.Watchdog(
+            hang_factor=cfg.hang_factor,
+            min_hang_s=cfg.min_hang_s,
+            startup_grace_s=cfg.startup_grace_s,
+        )
+        self.queue = sinks.RecordQueue(100_000)
+        self.shipper: shipping.Shipper | None = None
+        self.flusher = sinks.Flusher(
+            queue=self.queue,
+            sink=self._make_sink(),
+            interval_s=1.0,
+            tick=lambda: None,
+            on_error=lambda exc: log.warning("agent flush failed: %r", exc),
+            name="vigil-agent-ship",
+        )
+        self._tracked: dict[Path, _Tracked] = {}
+        self._readings: list[sampler.Reading] = []
+        self._owners: dict[str, sampler.Owner] = {}
+        self.hangs_detected = 0
+        self.suspects: list[watchdog.HangSuspect] = []
+        self.registry = CollectorRegistry()
+        self.registry.register(exporter.AgentCollector(self.view))
+        self._server: Any = None
+        self._stop = threading.Event()
+
+    def _make_sink(self) -> sinks.Sink:
+        cfg = self.cfg
+        if cfg.collector:
+            spool = cfg.spool_dir or cfg.progress_dir / f"agent-{cfg.node}.spool"
+            self.shipper = shipping.Shipper(
+                config.ShipperConfig(
+                    collector_url=cfg.collector,
+                    spool_dir=spool,
+                    token=cfg.token,
+                    spool_max_bytes=cfg.spool_max_bytes,
+                ),
+                source=f"{cfg.node}/agent",
+            )
+            return self.shipper
+        out = cfg.output_dir or Path("vigil-output")
+        return sinks.JsonlSink(out / "_agent" / f"agent-{cfg.node}.jsonl")
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> int:
+        """Start shipping and the /metrics server; return the bound port."""
+        self.flusher.start()
+        self._server, _ = start_http_server(
+            self.cfg.metrics_port, addr=self.cfg.metrics_host, registry=self.registry
+        )
+        port = int(self._server.server_port)
+        log.info(
+            "vigil agent on %s: /metrics at http://%s:%d",
+            self.cfg.node,
+            self.cfg.metrics_host,
+            port,
+        )
+        return port
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Poll until `stop` is set."""
+        stop = stop or self._stop
+        next_sample = 0.0
+        while not stop.is_set():
+            now = self._clock()
+            if now >= next_sample:
+                self.sample()
+                next_sample = now + self.cfg.sample_interval_s
+            self.poll()
+            stop.wait(self.cfg.poll_interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        self.flusher.stop()
+        for tracked in self._tracked.values():
+            tracked.reader.close()
+        if self.gpus is not None:
+            self.gpus.close()
+
+    # -- one poll -------------------------------------------------------------------------
+    def poll(self) -> list[watchdog.HangSuspect]:
+        """Read every page, feed the watchdog, handle new suspicions; returns them."""
+        self._discover()
+        found = []
+        now = self._clock()
+        for path, tracked in list(self._tracked.items()):
+            try:
+                snap = tracked.reader.snapshot()
+            except (OSError, ValueError, TimeoutError) as exc:
+                log.info("dropping page %s: %s", path, exc)
+                tracked.reader.close()
+                del self._tracked[path]
+                continue
+            tracked.last = snap
+            suspect = self.watchdog.observe(snap, now)
+            tracked.hung = suspect is not None or (
+                tracked.hung
+                and snap.progress_mono_s <= now - self.watchdog.threshold_s(snap.job, snap.rank)
+            )
+            if suspect is not None:
+                found.append(suspect)
+                self._handle_hang(suspect, tracked)
+        return found
+
+    def _discover(self) -> None:
+        for path in progress.discover(self.cfg.progress_dir):
+            if path not in self._tracked:
+                try:
+                    self._tracked[path] = _Tracked(progress.PageReader(path))
+                except (OSError, ValueError) as exc:
+                    log.debug("skipping %s: %s", path, exc)
+
+    def _handle_hang(self, suspect: watchdog.HangSuspect, tracked: _Tracked) -> None:
+        snap = suspect.snapshot
+        self.hangs_detected += 1
+        self.suspects.append(suspect)
+        log.warning(
+            "rank %d of %s: no progress for %.1f s (threshold %.1f s), %s in %s #%d %s",
+            snap.rank,
+            snap.job,
+            suspect.stalled_s,
+            suspect.threshold_s,
+            snap.state,
+            snap.last_group,
+            snap.last_seq,
+            snap.last_op,
+        )
+        stacks_file = snap.path.with_suffix(".stacks")
+        dump = self._capture(
+            snap.pid,
+            stacks_file=stacks_file if stacks_file.exists() else None,
+            timeout_s=self.cfg.stack_timeout_s,
+        )
+        self._save_stacks(snap, dump)
+        events = tracked.reader.events()
+        self.queue.extend(events)
+        self.queue.put(_heartbeat(snap))
+        self.queue.put(_finding(snap, suspect, dump, self.cfg.node, len(events)))
+        self.flusher.flush_soon()
+
+    def _save_stacks(self, snap: progress.PageSnapshot, dump: stacks.Stacks) -> None:
+        out = (self.cfg.output_dir or Path("vigil-output")) / snap.job / "stacks"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"rank-{snap.rank:05d}-{int(time.time())}-{dump.method}.txt"
+            (out / name).write_text(dump.text)
+        except OSError as exc:
+            log.warning("cannot save stacks of rank %d: %s", snap.rank, exc)
+
+    # -- sampling -------------------------------------------------------------------------
+    def sample(self) -> None:
+        readings = self.host.sample()
+        if self.gpus is not None:
+            try:
+                readings += self.gpus.sample()
+                pids = {
+                    t.last.pid: sampler.Owner(t.last.job, t.last.rank)
+                    for t in self._tracked.values()
+                    if t.last is not None
+                }
+                self._owners = self.gpus.owners(pids)
+            except Exception as exc:
+                log.warning("NVML sampling failed: %r", exc)
+        self._readings = readings
+        now = time.time()
+        for r in readings:
+            owner = self._owners.get(r.device)
+            self.queue.put(
+                schema.Sample(
+                    node=self.cfg.node,
+                    time_s=now,
+                    metric=r.metric,
+                    value=r.value,
+                    device=r.device,
+                    job_id=owner.job if owner else "",
+                    rank=owner.rank if owner else -1,
+                    pod=owner.pod if owner else "",
+                )
+            )
+
+    def view(self) -> exporter.AgentView:
+        now = self._clock()
+        ranks = [
+            exporter.RankView(t.last, max(0.0, now - t.last.progress_mono_s), t.hung)
+            for t in list(self._tracked.values())
+            if t.last is not None
+        ]
+        stats = self.shipper.stats if self.shipper else shipping.ShipperStats()
+        spool = self.shipper.spool if self.shipper else None
+        return exporter.AgentView(
+            node=self.cfg.node,
+            ranks=ranks,
+            readings=list(self._readings),
+            owners=dict(self._owners),
+            queue_depth=len(self.queue),
+            dropped_records=self.queue.dropped + (spool.dropped_records if spool else 0),
+            ship_errors=stats.ship_errors,
+            shipped_batches=stats.shipped_batches,
+            spool_bytes=spool.size_bytes() if spool else 0,
+            hangs_detected=self.hangs_detected,
+        )
+
+
+def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:
+    return schema.Heartbeat(
+        job_id=snap.job,
+        rank=snap.rank,
+        time_s=snap.progress_wall_s,
+        last_step=snap.last_step,
+        last_group=snap.last_group,
+        last_seq=snap.last_seq,
+        last_op=snap.last_op,
+        state=snap.state,
+    )
+
+
+def _finding(
+    snap: progress.PageSnapshot,
+    suspect: watchdog.HangSuspect,
+    dump: stacks.Stacks,
+    node: str,
+    num_events: int,
+) -> schema.Finding:
+    where = f"{snap.state} in {snap.last_group} #{snap.last_seq} {snap.last_op}".strip()
+    return schema.Finding(
+        finding_id=f"agent-hang-{snap.job}-r{snap.rank}-{int(snap.progress_wall_s * 1000)}",
+        kind=schema.FindingKind.HANG,
+        job_id=snap.job,
+        subjects=schema.Subjects(ranks=[snap.rank], nodes=[node]),
+        step_start=snap.last_step,
+        step_end=snap.last_step,
+        summary=(
+            f"rank {snap.rank} made no progress for {suspect.stalled_s:.1f} s "
+            f"(threshold {suspect.threshold_s:.1f} s); last: {where}; "
+            f"{num_events} ring events attached; stacks by {dump.method}"
+        ),
+        evidence=[
+            schema.Evidence(
+                metric="progress_age_s",
+                observed=suspect.stalled_s,
+                baseline=suspect.threshold_s,
+                unit="s",
+                note=dump.text[:_MAX_STACK_NOTE],
+            )
+        ],
+        confidence=0.6,
+        detected_s=time.time(),
+        trace_start_s=max(0.0, snap.progress_wall_s - suspect.threshold_s),
+        trace_end_s=snap.progress_wall_s + suspect.stalled_s,
+    )

@@ -1,0 +1,409 @@
+"""The per-rank progress page: a small mmap'd file in /dev/shm the node agent can read while the
+training process is wedged.
+
+Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
+
+| offset | block   | written by | holds |
+|--------|---------|------------|-------|
+| 0      | meta    | SDK, once  | magic, version, ring capacity, pid, rank, world, job, node |
+| 256    | live    | SDK        | state, last step, last (group, seq, op), timestamps, ring head |
+| 384    | step    | SDK        | last step's time, MFU, comm wait, collective time, tokens, loss |
+| 512    | health  | SDK        | internal errors, dropped records, ship errors, queued records |
+| 576    | control | agent/SDK  | a control request (seq, kind) from the agent and the SDK's ack |
+| 1024   | ring    | SDK        | the last `capacity` collective events, 128-byte slots |
+
+Every block written while others may read is guarded by a seqlock (odd while writing); readers
+retry a bounded number of times. This module owns the layout and nothing else: no torch, no
+threads, no network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vigil import schema
+
+MAGIC = b"VGLPAGE1"
+PAGE_VERSION = 1
+PAGE_SUFFIX = ".page"
+
+_META = struct.Struct("<8sIIIIIII4x128s64s")
+# state, last step, progress mono/wall, step start mono, last seq, last group, last op, ring head
+_LIVE = struct.Struct("<BxxxxxxxqdddQ32s24sQ")
+_STEP = struct.Struct("<qdddddqd")
+_HEALTH = struct.Struct("<QQQQ")
+_CONTROL = struct.Struct("<Q16s")
+_ACK = struct.Struct("<Q")
+_SLOT = struct.Struct("<QqQddd32s24s16s")
+_SEQ = struct.Struct("<Q")
+
+_OFF_META = 0
+_OFF_LIVE = 256
+_OFF_STEP = 384
+_OFF_HEALTH = 512
+_OFF_CONTROL = 576
+_OFF_ACK = 608
+_OFF_RING = 1024
+SLOT_SIZE = 128
+_READ_RETRIES = 100
+
+STATE_CODES: dict[schema.RankState, int] = {s: i for i, s in enumerate(schema.RankState)}
+CODE_STATES: dict[int, schema.RankState] = {i: s for s, i in STATE_CODES.items()}
+
+assert _OFF_LIVE + 8 + _LIVE.size <= _OFF_STEP
+assert _OFF_STEP + 8 + _STEP.size <= _OFF_HEALTH
+assert _OFF_HEALTH + 8 + _HEALTH.size <= _OFF_CONTROL
+assert _OFF_CONTROL + _CONTROL.size <= _OFF_ACK
+assert 8 + _SLOT.size <= SLOT_SIZE
+
+
+def page_path(progress_dir: Path, job: str, rank: int) -> Path:
+    return Path(progress_dir) / job / f"rank-{rank:05d}{PAGE_SUFFIX}"
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+@functools.lru_cache(maxsize=4096)  # group/op/dtype names repeat: encode each once
+def _enc(text: str, size: int) -> bytes:
+    return text.encode("utf-8")[:size]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepSummary:
+    step: int = -1
+    step_time_s: float = 0.0
+    mfu: float = 0.0
+    comm_wait_s: float = 0.0
+    collective_s: float = 0.0
+    end_wall_s: float = 0.0
+    tokens: int = 0
+    loss: float = float("nan")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Health:
+    internal_errors: int = 0
+    dropped_records: int = 0
+    ship_errors: int = 0
+    queued_records: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PageSnapshot:
+    """One consistent reading of a rank's page."""
+
+    path: Path
+    job: str
+    node: str
+    rank: int
+    world_size: int
+    local_rank: int
+    pid: int
+    capacity: int
+    state: schema.RankState
+    last_step: int
+    progress_mono_s: float
+    progress_wall_s: float
+    step_start_mono_s: float
+    last_group: str
+    last_seq: int
+    last_op: str
+    ring_head: int
+    last: StepSummary
+    health: Health
+
+
+class PageWriter:
+    """The SDK side: creates the page and updates it in place (a few microseconds per update)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        job: str,
+        node: str,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        capacity: int,
+    ) -> None:
+        self.path = Path(path)
+        self.capacity = capacity
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        size = _OFF_RING + capacity * SLOT_SIZE
+        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        _META.pack_into(
+            self._map,
+            _OFF_META,
+            MAGIC,
+            PAGE_VERSION,
+            capacity,
+            SLOT_SIZE,
+            os.getpid(),
+            rank,
+            world_size,
+            local_rank,
+            _enc(job, 128),
+            _enc(node, 64),
+        )
+        self._seq = {_OFF_LIVE: 0, _OFF_STEP: 0, _OFF_HEALTH: 0}
+        starting = STATE_CODES[schema.RankState.STARTING]
+        self._live: list[object] = [starting, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
+        self._write_live()
+        os.replace(tmp, self.path)  # readers never see a half-initialised page
+
+    def _guarded(self, offset: int, packer: struct.Struct, *values: object) -> None:
+        seq = self._seq[offset] + 1
+        _SEQ.pack_into(self._map, offset, seq)
+        packer.pack_into(self._map, offset + 8, *values)
+        self._seq[offset] = seq + 1
+        _SEQ.pack_into(self._map, offset, seq + 1)
+
+    def _write_live(self) -> None:
+        self._guarded(_OFF_LIVE, _LIVE, *self._live)
+
+    def progress(
+        self, state: schema.RankState, *, now_mono: float, now_wall: float, step: int | None = None
+    ) -> None:
+        """Mark progress: a new state (and step) at this instant."""
+        live = self._live
+        live[0] = STATE_CODES[state]
+        if step is not None:
+            live[1] = step
+            live[4] = now_mono
+        live[2], live[3] = now_mono, now_wall
+        self._write_live()
+
+    def collective(
+        self, group: str, seq: int, op: str, *, entering: bool, now_mono: float, now_wall: float
+    ) -> None:
+        """Mark entering (or leaving) collective `seq` of `group`."""
+        live = self._live
+        live[0] = STATE_CODES[
+            schema.RankState.IN_COLLECTIVE if entering else schema.RankState.COMPUTE
+        ]
+        live[2], live[3] = now_mono, now_wall
+        live[5], live[6], live[7] = seq, _enc(group, 32), _enc(op, 24)
+        self._write_live()
+
+    def write_event(
+        self,
+        index: int,
+        *,
+        seq: int,
+        step: int,
+        nbytes: int,
+        enqueue_s: float,
+        start_s: float,
+        end_s: float,
+        group: str,
+        op: str,
+        dtype: str,
+    ) -> None:
+        """Write ring slot `index % capacity` (index counts every event ever written)."""
+        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+        version = (index // self.capacity) * 2 + 1
+        _SEQ.pack_into(self._map, offset, version)
+        _SLOT.pack_into(
+            self._map,
+            offset + 8,
+            seq,
+            step,
+            nbytes,
+            enqueue_s,
+            start_s,
+            end_s,
+            _enc(group, 32),
+            _enc(op, 24),
+            _enc(dtype, 16),
+        )
+        _SEQ.pack_into(self._map, offset, version + 1)
+        # The ring head reaches readers with the next live-block write (the collective() call
+        # that follows every write_event), saving one seqlocked write per collective.
+        self._live[8] = index + 1
+
+    def finish_event(self, index: int, end_s: float) -> None:
+        """Fill in the completion time of an event written earlier (if its slot still holds it)."""
+        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+        version = (index // self.capacity) * 2 + 2
+        if _SEQ.unpack_from(self._map, offset)[0] == version:
+            struct.pack_into("<d", self._map, offset + 8 + 40, end_s)
+
+    def step_done(self, summary: StepSummary) -> None:
+        self._guarded(
+            _OFF_STEP,
+            _STEP,
+            summary.step,
+            summary.step_time_s,
+            summary.mfu,
+            summary.comm_wait_s,
+            summary.collective_s,
+            summary.end_wall_s,
+            summary.tokens,
+            summary.loss,
+        )
+
+    def health(self, health: Health) -> None:
+        self._guarded(
+            _OFF_HEALTH,
+            _HEALTH,
+            health.internal_errors,
+            health.dropped_records,
+            health.ship_errors,
+            health.queued_records,
+        )
+
+    def control(self) -> tuple[int, str]:
+        """The latest control request (seq, kind) the agent wrote; seq 0 means none."""
+        seq, kind = _CONTROL.unpack_from(self._map, _OFF_CONTROL)
+        return int(seq), _text(kind)
+
+    def ack(self, seq: int) -> None:
+        _ACK.pack_into(self._map, _OFF_ACK, seq)
+
+    def close(self, *, unlink: bool = False) -> None:
+        try:
+            self._map.close()
+        finally:
+            if unlink:
+                self.path.unlink(missing_ok=True)
+
+
+class PageReader:
+    """The agent side: maps a page read-write (for control requests) and reads snapshots."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), 0)
+        if len(self._map) < _OFF_RING or self._map[:8] != MAGIC:
+            self._map.close()
+            raise ValueError(f"{self.path} is not a vigil progress page (bad magic)")
+        meta = _META.unpack_from(self._map, _OFF_META)
+        if meta[1] != PAGE_VERSION:
+            self._map.close()
+            raise ValueError(f"{self.path}: page version {meta[1]}, expected {PAGE_VERSION}")
+        (_, _, self.capacity, _, self.pid, self.rank, self.world_size, self.local_rank) = meta[:8]
+        self.job, self.node = _text(meta[8]), _text(meta[9])
+
+    def _read(self, offset: int, packer: struct.Struct) -> tuple[Any, ...]:
+        for _ in range(_READ_RETRIES):
+            before = _SEQ.unpack_from(self._map, offset)[0]
+            if before % 2:
+                continue
+            values = packer.unpack_from(self._map, offset + 8)
+            if _SEQ.unpack_from(self._map, offset)[0] == before:
+                return tuple(values)
+        raise TimeoutError(f"{self.path}: page block at {offset} kept changing while read")
+
+    def snapshot(self) -> PageSnapshot:
+        live = self._read(_OFF_LIVE, _LIVE)
+        step = self._read(_OFF_STEP, _STEP)
+        health = self._read(_OFF_HEALTH, _HEALTH)
+        last = StepSummary()
+        if step[0] >= 0 and step[1] > 0:
+            last = StepSummary(
+                step=step[0],
+                step_time_s=step[1],
+                mfu=step[2],
+                comm_wait_s=step[3],
+                collective_s=step[4],
+                end_wall_s=step[5],
+                tokens=step[6],
+                loss=step[7],
+            )
+        return PageSnapshot(
+            path=self.path,
+            job=self.job,
+            node=self.node,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            pid=self.pid,
+            capacity=self.capacity,
+            state=CODE_STATES.get(live[0], schema.RankState.COMPUTE),
+            last_step=live[1],
+            progress_mono_s=live[2],
+            progress_wall_s=live[3],
+            step_start_mono_s=live[4],
+            last_seq=live[5],
+            last_group=_text(live[6]),
+            last_op=_text(live[7]),
+            ring_head=live[8],
+            last=last,
+            health=Health(
+                internal_errors=health[0],
+                dropped_records=health[1],
+                ship_errors=health[2],
+                queued_records=health[3],
+            ),
+        )
+
+    def events(self, *, job: str | None = None) -> list[schema.CollectiveEvent]:
+        """The ring's events, oldest first (slots being written right now are skipped)."""
+        head = self.snapshot().ring_head
+        first = max(0, head - self.capacity)
+        return [e for e in self._iter_events(first, head, job or self.job) if e is not None]
+
+    def _iter_events(
+        self, first: int, head: int, job: str
+    ) -> Iterator[schema.CollectiveEvent | None]:
+        for index in range(first, head):
+            offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+            version = _SEQ.unpack_from(self._map, offset)[0]
+            if version != (index // self.capacity) * 2 + 2:
+                yield None
+                continue
+            seq, step, nbytes, enq, start, end, group, op, dtype = _SLOT.unpack_from(
+                self._map, offset + 8
+            )
+            yield schema.CollectiveEvent(
+                job_id=job,
+                rank=self.rank,
+                group=_text(group) or "?",
+                seq=seq,
+                op=_text(op) or "?",
+                bytes=nbytes,
+                dtype=_text(dtype),
+                step=max(0, step),
+                enqueue_s=enq,
+                start_s=start,
+                end_s=end,
+            )
+
+    def request_control(self, kind: str) -> int:
+        """Ask the rank to run its `kind` callback at its next step boundary; returns the seq."""
+        if not kind or len(kind.encode()) > 16:
+            raise ValueError(f"control kind {kind!r} must be 1..16 bytes")
+        seq = int(_CONTROL.unpack_from(self._map, _OFF_CONTROL)[0]) + 1
+        _CONTROL.pack_into(self._map, _OFF_CONTROL, seq, kind.encode())
+        return seq
+
+    def acked(self) -> int:
+        return int(_ACK.unpack_from(self._map, _OFF_ACK)[0])
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def discover(progress_dir: Path) -> list[Path]:
+    """Every rank page under `progress_dir` (one folder per job)."""
+    root = Path(progress_dir)
+    if not root.is_dir():
+        return []
+    return sorted(root.glob(f"*/*{PAGE_SUFFIX}"))

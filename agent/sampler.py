@@ -1,0 +1,249 @@
+"""GPU (NVML through nvidia-ml-py) and host (psutil) sampling for the node agent.
+
+`Reading`s carry the Prometheus name parts; the agent turns them into `schema.Sample` records
+(metric = the full Prometheus name) and gauges. GPU readings are attributed to the job, rank and
+pod whose process uses the device (NVML's running-process list matched against the progress
+pages' pids). Without NVML the agent says so once and samples only the host. The NVML module and
+psutil are injected so tests can pass their own. No network, no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+from vigil.metric_names import MetricKind, Unit, metric_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    subsystem: str
+    name: str
+    unit: Unit
+    value: float
+    device: str = ""
+    kind: MetricKind = MetricKind.GAUGE
+
+    @property
+    def metric(self) -> str:
+        return metric_name(self.subsystem, self.name, self.unit, self.kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    job: str
+    rank: int
+    pod: str = ""
+
+
+class HostSampler:
+    """CPU, memory and network of the host (psutil)."""
+
+    def __init__(self, *, ps: Any = psutil, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ps = ps
+        self._clock = clock
+        self._ps.cpu_percent(interval=None)  # primes the CPU counter
+        self._net: tuple[float, Any] | None = None
+
+    def sample(self) -> list[Reading]:
+        memory = self._ps.virtual_memory()
+        readings = [
+            Reading("host", "cpu_utilization", Unit.RATIO, self._ps.cpu_percent(None) / 100.0),
+            Reading("host", "memory_used", Unit.BYTES, float(memory.used)),
+            Reading("host", "memory_available", Unit.BYTES, float(memory.available)),
+        ]
+        now, net = self._clock(), self._ps.net_io_counters()
+        if self._net is not None and now > self._net[0]:
+            elapsed = now - self._net[0]
+            readings += [
+                Reading(
+                    "host",
+                    "network_receive",
+                    Unit.BYTES_PER_SECOND,
+                    (net.bytes_recv - self._net[1].bytes_recv) / elapsed,
+                ),
+                Reading(
+                    "host",
+                    "network_transmit",
+                    Unit.BYTES_PER_SECOND,
+                    (net.bytes_sent - self._net[1].bytes_sent) / elapsed,
+                ),
+            ]
+        self._net = (now, net)
+        return readings
+
+
+class NvmlSampler:
+    """Per GPU: utilisation, clocks, memory, power, temperature, ECC, XID, throttling, PCIe."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        nvml.nvmlInit()
+        count = nvml.nvmlDeviceGetCount()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self._uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._events = self._xid_events()
+        self.xid_counts = [0] * count
+
+    def _xid_events(self) -> Any:
+        nvml = self._nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for handle in self._handles:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            return events
+        except Exception as exc:  # not supported on every board/driver
+            log.info("NVML XID events unavailable: %s", exc)
+            return None
+
+    def owners(self, pids: Mapping[int, Owner]) -> dict[str, Owner]:
+        """Device UUID -> the job/rank whose process runs on it."""
+        found: dict[str, Owner] = {}
+        for uuid, handle in zip(self._uuids, self._handles, strict=True):
+            try:
+                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception:
+                continue
+            for proc in procs:
+                if proc.pid in pids:
+                    found[uuid] = pids[proc.pid]
+        return found
+
+    def sample(self) -> list[Reading]:
+        self._drain_xids()
+        readings: list[Reading] = []
+        for index, handle in enumerate(self._handles):
+            readings += self._device(handle, self._uuids[index], index)
+        return readings
+
+    def _drain_xids(self) -> None:
+        if self._events is None:
+            return
+        nvml = self._nvml
+        while True:
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except Exception:  # NVML_ERROR_TIMEOUT: no event pending
+                return
+            for index, handle in enumerate(self._handles):
+                if data.device == handle:
+                    self.xid_counts[index] += 1
+                    log.warning("XID %s on GPU %s", data.eventData, self._uuids[index])
+
+    def _device(self, handle: Any, uuid: str, index: int) -> list[Reading]:
+        nvml = self._nvml
+        probes: list[tuple[str, Unit, Callable[[], float], MetricKind]] = [
+            (
+                "utilization",
+                Unit.RATIO,
+                lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+                MetricKind.GAUGE,
+            ),
+            (
+                "sm_clock",
+                Unit.HERTZ,
+                lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM) * 1e6,
+                MetricKind.GAUGE,
+            ),
+            (
+                "memory_clock",
+                Unit.HERTZ,
+                lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM) * 1e6,
+                MetricKind.GAUGE,
+            ),
+            (
+                "memory_used",
+                Unit.BYTES,
+                lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used,
+                MetricKind.GAUGE,
+            ),
+            (
+                "power",
+                Unit.WATTS,
+                lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                MetricKind.GAUGE,
+            ),
+            (
+                "temperature",
+                Unit.CELSIUS,
+                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+                MetricKind.GAUGE,
+            ),
+            (
+                "throttle_reasons",
+                Unit.NONE,
+                lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
+                MetricKind.GAUGE,
+            ),
+            (
+                "ecc_uncorrected_errors",
+                Unit.NONE,
+                lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                ),
+                MetricKind.COUNTER,
+            ),
+            (
+                "ecc_corrected_errors",
+                Unit.NONE,
+                lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
+                ),
+                MetricKind.COUNTER,
+            ),
+            (
+                "pcie_receive",
+                Unit.BYTES_PER_SECOND,
+                lambda: (
+                    nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024
+                ),
+                MetricKind.GAUGE,
+            ),
+            (
+                "pcie_transmit",
+                Unit.BYTES_PER_SECOND,
+                lambda: (
+                    nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024
+                ),
+                MetricKind.GAUGE,
+            ),
+            ("xid_events", Unit.NONE, lambda: self.xid_counts[index], MetricKind.COUNTER),
+        ]
+        readings = []
+        for name, unit, probe, kind in probes:
+            try:
+                readings.append(Reading("gpu", name, unit, float(probe()), uuid, kind))
+            except Exception:  # the board or driver lacks this counter: leave it out
+                continue
+        return readings
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_nvml(*, enabled: bool) -> NvmlSampler | None:
+    """An NVML sampler, or None (logged once) when NVML or its driver library is unavailable."""
+    if not enabled:
+        log.info("NVML sampling disabled: sampling the host only")
+        return None
+    try:
+        import pynvml  # provided by nvidia-ml-py
+
+        return NvmlSampler(pynvml)
+    except Exception as exc:
+        log.warning("NVML unavailable (%s): no GPU metrics, sampling the host with psutil", exc)
+        return None

@@ -1,0 +1,210 @@
+"""The public SDK: a few calls in any PyTorch training loop.
+
+    vigil.agent.init(job="gpt-7b")
+    vigil.agent.watch(model, optimizer)
+    for i, batch in enumerate(loader):
+        with vigil.agent.step(i, tokens=batch.numel()) as s:
+            loss = train_step(batch)
+            s.set_loss(loss)
+    vigil.agent.shutdown()
+
+Every function is fail-open (logs and counts its own errors, never raises into training) and a
+cheap no-op before `init`. Rank and world size come from torch.distributed when it is initialised,
+else from RANK / WORLD_SIZE / LOCAL_RANK (torchrun). This module holds the one process-wide
+session and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vigil import schema
+from vigil.agent import config, session
+from vigil.env import EnvVar
+
+log = logging.getLogger(__name__)
+
+_session: session.Session | None = None
+CONTROL_KINDS = ("checkpoint", "dump_stacks")
+
+
+def _identity(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    return rank, world_size, local_rank
+
+
+def init(
+    *,
+    job: str,
+    collector: str | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    node: str | None = None,
+    model_shape: schema.ModelShape | None = None,
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
+    **more_keyword_options: Any,
+) -> session.Session | None:
+    """Start this process's session (idempotent: a second call returns the first session).
+
+    `collector` defaults to $VIGIL_COLLECTOR_URL; without one, JSON lines go under `output_dir`
+    (default $VIGIL_OUTPUT_DIR, else ./vigil-output). More options are `SdkConfig` fields
+    (progress_dir, ring_capacity, flush_interval_s, measure_flops, ...). Fail-open: bad options
+    or a failing start are logged as errors and return None; training runs on without vigil.
+    """
+    global _session
+    if _session is not None:
+        log.warning("vigil.agent.init called twice; keeping the first session")
+        return _session
+    try:
+        cfg = _config(
+            job,
+            collector,
+            output_dir,
+            rank,
+            world_size,
+            node,
+            model_shape,
+            flops_per_token,
+            peak_flops,
+            more_keyword_options,
+        )
+    except (ValueError, TypeError) as exc:
+        log.error("vigil SDK not started, bad configuration: %s", exc)
+        return None
+    try:
+        _session = session.Session(cfg)
+    except Exception:
+        log.exception("vigil SDK failed to start; training continues without it")
+        return None
+    log.info("vigil SDK: job %s rank %d/%d on %s", cfg.job, cfg.rank, cfg.world_size, cfg.node)
+    return _session
+
+
+def _config(
+    job: str,
+    collector: str | None,
+    output_dir: str | os.PathLike[str] | None,
+    rank: int | None,
+    world_size: int | None,
+    node: str | None,
+    model_shape: schema.ModelShape | None,
+    flops_per_token: float | None,
+    peak_flops: float | None,
+    more_keyword_options: dict[str, Any],
+) -> config.SdkConfig:
+    rank, world_size, local_rank = _identity(rank, world_size)
+    env_out = os.environ.get(EnvVar.OUTPUT_DIR)
+    more_keyword_options.setdefault("local_rank", local_rank)
+    return config.SdkConfig(
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        node=node or config.default_node(),
+        collector=collector or os.environ.get(EnvVar.COLLECTOR_URL) or None,
+        token=more_keyword_options.pop("token", None) or os.environ.get(EnvVar.TOKEN),
+        output_dir=Path(output_dir) if output_dir else Path(env_out) if env_out else None,
+        model_shape=model_shape,
+        flops_per_token=flops_per_token,
+        peak_flops=peak_flops,
+        **more_keyword_options,
+    )
+
+
+def current() -> session.Session | None:
+    """The running session, or None before `init` / after `shutdown`."""
+    return _session
+
+
+def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Time forward, backward and optimizer phases (and DDP's all-reduce through a comm hook)."""
+    if _session is None:
+        return
+    try:
+        _session.watch(model, optimizer)
+    except Exception as exc:
+        _session.count_error(exc)
+
+
+@contextlib.contextmanager
+def step(step: int, *, tokens: int = 0) -> Iterator[session.StepHandle]:
+    """Mark one training step; the handle's `.set_loss(x)` attaches the loss."""
+    current_session = _session
+    if current_session is None:
+        yield session.StepHandle(step, tokens)
+        return
+    try:
+        manager = current_session.step(step, tokens)
+        handle = manager.__enter__()
+    except Exception as exc:
+        current_session.count_error(exc)
+        yield session.StepHandle(step, tokens)
+        return
+    try:
+        yield handle
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with contextlib.suppress(Exception):
+        manager.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def span(name: str) -> Iterator[None]:
+    """Time a custom phase ("data", "checkpoint", ...) inside or between steps."""
+    current_session = _session
+    if current_session is None:
+        yield
+        return
+    try:
+        manager = current_session.span(name)
+        manager.__enter__()
+    except Exception as exc:
+        current_session.count_error(exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            manager.__exit__(None, None, None)
+
+
+def on_control(kind: str, callback: Callable[[], Any]) -> None:
+    """Run `callback()` in the training thread at the next step boundary after a `kind` request."""
+    if kind not in CONTROL_KINDS:
+        log.warning("control kind %r is not one of %s; registering anyway", kind, CONTROL_KINDS)
+    if _session is None:
+        return
+    try:
+        _session.on_control(kind, callback)
+    except Exception as exc:
+        _session.count_error(exc)
+
+
+def shutdown() -> None:
+    """Flush everything, mark the rank finished and remove the hooks (idempotent)."""
+    global _session
+    current_session, _session = _session, None
+    if current_session is None:
+        return
+    try:
+        current_session.shutdown()
+    except Exception:
+        log.exception("vigil SDK shutdown failed (training is unaffected)")

@@ -1,0 +1,457 @@
+"""One training process's SDK session: step boundaries, phases, collectives, MFU, control.
+
+The training thread only reads clocks, adds numbers and appends records to a bounded queue; a
+background flusher writes them out (JSONL or the collector), sends heartbeats once per interval
+and dumps the collective ring buffer and thread stacks when the process itself suspects a hang.
+Control requests (from the node agent, through the progress page, or `request_control`) run
+their callbacks at the next step boundary, in the training thread.
+
+Must not raise into training: every entry point here is wrapped fail-open by `vigil.agent.sdk`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import faulthandler
+import logging
+import math
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from vigil import schema
+from vigil.agent import collectives, config, mfu, phases, progress, shipping, sinks
+
+log = logging.getLogger(__name__)
+
+SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHECKPOINTING}
+_SPAN_FIELDS = ("data", "forward", "backward", "optimizer")
+# Step times remembered to learn the hang threshold.
+_HISTORY = 32
+
+
+class StepHandle:
+    """What `with vigil.agent.step(i) as s:` yields: set the loss, read the step number."""
+
+    __slots__ = ("loss", "step", "tokens")
+
+    def __init__(self, step: int, tokens: int) -> None:
+        self.step = step
+        self.tokens = tokens
+        self.loss: Any = None
+
+    def set_loss(self, loss: Any) -> None:
+        """A float, or a scalar tensor (read by the background thread, never synced here)."""
+        self.loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+
+
+class Session:
+    """Created by `vigil.agent.init`; owns the page, the recorder, the queue and the flusher."""
+
+    def __init__(self, cfg: config.SdkConfig, *, clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self._clock = clock
+        self._wall_offset = time.time() - clock()
+        self.internal_errors = 0
+        self._lock = threading.Lock()
+        self.page = progress.PageWriter(
+            progress.page_path(cfg.progress_dir, cfg.job, cfg.rank),
+            job=cfg.job,
+            node=cfg.node,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            local_rank=cfg.local_rank,
+            capacity=cfg.ring_capacity,
+        )
+        self.queue = sinks.RecordQueue(cfg.max_queued_records)
+        self.recorder = collectives.CollectiveRecorder(
+            page=self.page,
+            step_of=lambda: max(self.current_step, 0),
+            on_error=self.count_error,
+            clock=clock,
+            wall_offset_s=self._wall_offset,
+        )
+        self.phases = phases.PhaseTimer(on_error=self.count_error, clock=clock)
+        self.current_step = -1
+        self._in_step = False
+        self._step_start = 0.0
+        self._spans: dict[str, float] = collections.defaultdict(float)
+        self._step_times: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self._callbacks: dict[str, list[Callable[[], Any]]] = collections.defaultdict(list)
+        self._requests: collections.deque[str] = collections.deque()
+        self._control_seq = 0
+        self._hang_reported_at = -1.0
+        # Step records whose loss is a tensor wait here until the flusher reads it (no sync).
+        self._pending_losses: collections.deque[tuple[schema.StepRecord, torch.Tensor | None]] = (
+            collections.deque()
+        )
+        self.device_kind, self.peak_flops = self._resolve_peak()
+        self.flops_per_token = self._resolve_flops()
+        self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
+        self._stacks_file = self._open_stacks_file()
+        self.shipper: shipping.Shipper | None = None
+        self.flusher = sinks.Flusher(
+            queue=self.queue,
+            sink=self._make_sink(),
+            interval_s=cfg.flush_interval_s,
+            tick=self._tick,
+            on_error=self.count_error,
+            name=f"vigil-{cfg.rank_tag}",
+        )
+        self._emit_identity()
+        if cfg.time_collectives:
+            collectives.install(self.recorder)
+        self._publish(schema.RankState.STARTING)
+        self.flusher.start()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _resolve_peak(self) -> tuple[str, float]:
+        kind, measured = mfu.device_peak(
+            measure_cpu=self.cfg.measure_cpu_peak and self.cfg.peak_flops is None
+        )
+        return kind, self.cfg.peak_flops or measured
+
+    def _resolve_flops(self) -> float | None:
+        if self.cfg.flops_per_token:
+            return self.cfg.flops_per_token
+        if self.cfg.model_shape is not None:
+            return mfu.palm_flops_per_token(self.cfg.model_shape)
+        return None
+
+    def _make_sink(self) -> sinks.Sink:
+        cfg = self.cfg
+        if cfg.collector:
+            spool = cfg.spool_dir or (cfg.progress_dir / cfg.job / f"{cfg.rank_tag}.spool")
+            self.shipper = shipping.Shipper(
+                config.ShipperConfig(
+                    collector_url=cfg.collector,
+                    spool_dir=spool,
+                    token=cfg.token,
+                    spool_max_bytes=cfg.spool_max_bytes,
+                ),
+                source=f"{cfg.node}/{cfg.rank_tag}",
+            )
+            return self.shipper
+        return sinks.JsonlSink(self._output_dir() / f"{cfg.rank_tag}.jsonl")
+
+    def _output_dir(self) -> Path:
+        return (self.cfg.output_dir or Path("vigil-output")) / self.cfg.job
+
+    def _open_stacks_file(self) -> IO[str] | None:
+        if not self.cfg.stack_signal:
+            return None
+        path = self.cfg.progress_dir / self.cfg.job / f"{self.cfg.rank_tag}.stacks"
+        handle = open(path, "a")  # noqa: SIM115 - faulthandler writes to it until shutdown
+        try:
+            faulthandler.register(self.cfg.stack_signal, file=handle, all_threads=True)
+        except (ValueError, RuntimeError) as exc:  # not the main interpreter, odd platform
+            log.warning("cannot register stack dumps on signal %d: %s", self.cfg.stack_signal, exc)
+        return handle
+
+    def _emit_identity(self) -> None:
+        cfg = self.cfg
+        self.queue.put(
+            schema.RankInfo(
+                job_id=cfg.job,
+                rank=cfg.rank,
+                node=cfg.node,
+                local_rank=cfg.local_rank,
+                pid=os.getpid(),
+                pod=cfg.pod,
+                device_uuid=_device_uuid(),
+            )
+        )
+        if cfg.rank == 0:
+            self.queue.put(
+                schema.Job(
+                    job_id=cfg.job,
+                    name=cfg.job,
+                    world_size=cfg.world_size,
+                    model=cfg.model_shape,
+                    device_kind=self.device_kind,
+                    peak_flops=self.peak_flops,
+                    created_s=time.time(),
+                )
+            )
+
+    def count_error(self, exc: BaseException) -> None:
+        self.internal_errors += 1
+        if self.internal_errors <= 10:
+            log.warning("vigil SDK internal error (training continues): %r", exc)
+
+    def _publish(self, state: schema.RankState, *, step: int | None = None) -> None:
+        now = self._clock()
+        self.page.progress(state, now_mono=now, now_wall=now + self._wall_offset, step=step)
+
+    # -- the training loop API ------------------------------------------------------------
+    def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self.phases.watch(model, optimizer)
+        register = getattr(model, "register_comm_hook", None)
+        if register is not None and self.cfg.time_collectives:  # DDP: reach its C++ all-reduce
+            try:
+                register(getattr(model, "process_group", None), collectives.ddp_comm_hook)
+            except RuntimeError as exc:  # the user registered their own hook already
+                log.warning("DDP already has a comm hook; its all-reduces are not timed: %s", exc)
+
+    @contextlib.contextmanager
+    def step(self, step: int, tokens: int) -> Iterator[StepHandle]:
+        handle = StepHandle(step, tokens)
+        if self._in_step:  # nested step(): the outer one is the boundary
+            yield handle
+            return
+        self._begin_step(step)
+        counter = self._flop_counter()
+        try:
+            if counter is None:
+                yield handle
+            else:
+                with counter:
+                    yield handle
+        finally:
+            if counter is not None:
+                self._learn_flops(counter, tokens)
+            try:
+                self._end_step(handle)
+            except Exception as exc:
+                self.count_error(exc)
+
+    def _begin_step(self, step: int) -> None:
+        self._in_step = True
+        self.current_step = step
+        self._step_start = self._clock()
+        self.phases.reset()
+        self._publish(schema.RankState.COMPUTE, step=step)
+
+    def _flop_counter(self) -> Any:
+        if not self._count_flops_next:
+            return None
+        self._count_flops_next = False
+        from torch.utils.flop_counter import FlopCounterMode
+
+        return FlopCounterMode(display=False)
+
+    def _learn_flops(self, counter: Any, tokens: int) -> None:
+        total = float(counter.get_total_flops())
+        if tokens > 0 and total > 0:
+            self.flops_per_token = total / tokens
+            log.info("measured %.3g model FLOPs per token", self.flops_per_token)
+
+    def _end_step(self, handle: StepHandle) -> None:
+        end = self._clock()
+        self._in_step = False
+        forward_s, backward_s, optimizer_s = self.phases.take()
+        cfg = self.cfg
+        aggs, blocked_s, collective_s = self.recorder.take(
+            job=cfg.job, rank=cfg.rank, step=handle.step
+        )
+        seconds = end - self._step_start
+        flops = (self.flops_per_token or 0.0) * handle.tokens
+        util = mfu.mfu(
+            flops_per_token=self.flops_per_token or 0.0,
+            tokens=handle.tokens,
+            seconds=seconds,
+            peak_flops=self.peak_flops,
+        )
+        # Spans since the previous step's end count for this step: a "data" span before
+        # `with step(...)` (the usual `for batch in loader` loop) is this step's data time.
+        spans, self._spans = self._spans, collections.defaultdict(float)
+        record = schema.StepRecord(
+            job_id=cfg.job,
+            rank=cfg.rank,
+            step=handle.step,
+            start_s=self._step_start + self._wall_offset,
+            end_s=end + self._wall_offset,
+            data_s=spans.get("data", 0.0),
+            forward_s=forward_s + spans.get("forward", 0.0),
+            backward_s=backward_s + spans.get("backward", 0.0),
+            optimizer_s=optimizer_s + spans.get("optimizer", 0.0),
+            comm_wait_s=blocked_s,
+            tokens=max(0, handle.tokens),
+            model_flops=flops,
+            mfu=util,
+            loss=handle.loss if isinstance(handle.loss, float | int) else None,
+            peak_memory_bytes=_peak_memory(),
+        )
+        if isinstance(handle.loss, torch.Tensor) or self._pending_losses:
+            # Keeps step order: later records wait behind one whose loss is still a tensor.
+            loss = handle.loss if isinstance(handle.loss, torch.Tensor) else None
+            self._pending_losses.append((record, loss))
+        else:
+            self.queue.put(record)
+        self.queue.extend(aggs)
+        self._step_times.append(seconds)
+        self.page.step_done(
+            progress.StepSummary(
+                step=handle.step,
+                step_time_s=seconds,
+                mfu=util,
+                comm_wait_s=blocked_s,
+                collective_s=collective_s,
+                end_wall_s=end + self._wall_offset,
+                tokens=handle.tokens,
+                loss=float(handle.loss) if isinstance(handle.loss, float | int) else math.nan,
+            )
+        )
+        self._publish(schema.RankState.COMPUTE)
+        self._run_control()
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        start = self._clock()
+        state = SPAN_STATES.get(name)
+        if state is not None:
+            self._publish(state)
+        try:
+            yield
+        finally:
+            self._spans[name] += self._clock() - start
+            if state is not None:
+                self._publish(schema.RankState.COMPUTE)
+
+    # -- control --------------------------------------------------------------------------
+    def on_control(self, kind: str, callback: Callable[[], Any]) -> None:
+        self._callbacks[kind].append(callback)
+
+    def request_control(self, kind: str) -> None:
+        """Ask for `kind` at the next step boundary (thread-safe; also used by the page poll)."""
+        self._requests.append(kind)
+
+    def _run_control(self) -> None:
+        seq, kind = self.page.control()
+        if seq != self._control_seq:
+            self._control_seq = seq
+            self.page.ack(seq)
+            if kind:
+                self._requests.append(kind)
+        while self._requests:
+            kind = self._requests.popleft()
+            log.info("control request %r at step %d", kind, self.current_step)
+            if kind == "dump_stacks":
+                self.dump_evidence(reason="dump_stacks requested")
+            for callback in self._callbacks.get(kind, []):
+                try:
+                    callback()
+                except Exception as exc:
+                    self.count_error(exc)
+
+    def dump_evidence(self, *, reason: str) -> None:
+        """Write all thread stacks and queue the ring buffer's events (hang or request)."""
+        if self._stacks_file is not None:
+            self._stacks_file.write(f"# vigil: {reason} at {time.time():.3f}\n")
+            self._stacks_file.flush()
+            faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
+        reader = progress.PageReader(self.page.path)
+        try:
+            self.queue.extend(reader.events())
+        finally:
+            reader.close()
+        self.flusher.flush_soon()
+
+    # -- background tick (flusher thread) -------------------------------------------------
+    def _tick(self) -> None:
+        self._settle_losses()
+        reader = progress.PageReader(self.page.path)
+        try:
+            snap = reader.snapshot()
+        finally:
+            reader.close()
+        cfg = self.cfg
+        self.queue.put(
+            schema.Heartbeat(
+                job_id=cfg.job,
+                rank=cfg.rank,
+                time_s=time.time(),
+                last_step=snap.last_step,
+                last_group=snap.last_group,
+                last_seq=snap.last_seq,
+                last_op=snap.last_op,
+                state=snap.state,
+            )
+        )
+        self._check_hang(snap)
+        stats = self.shipper.stats if self.shipper else None
+        dropped = self.queue.dropped + (self.shipper.spool.dropped_records if self.shipper else 0)
+        self.page.health(
+            progress.Health(
+                internal_errors=self.internal_errors,
+                dropped_records=dropped,
+                ship_errors=stats.ship_errors if stats else 0,
+                queued_records=len(self.queue),
+            )
+        )
+
+    def _settle_losses(self) -> None:
+        while self._pending_losses:
+            record, loss = self._pending_losses.popleft()
+            if loss is not None:
+                try:
+                    value = float(loss)
+                except Exception:
+                    value = math.nan
+                if math.isfinite(value):
+                    record.loss = value
+            self.queue.put(record)
+
+    def hang_threshold_s(self) -> float:
+        slowest = max(self._step_times, default=0.0)
+        return max(self.cfg.min_hang_s, self.cfg.hang_factor * slowest)
+
+    def _check_hang(self, snap: progress.PageSnapshot) -> None:
+        if snap.state in (schema.RankState.FINISHED, schema.RankState.STARTING):
+            return
+        stalled = self._clock() - snap.progress_mono_s
+        if stalled > self.hang_threshold_s() and snap.progress_mono_s != self._hang_reported_at:
+            self._hang_reported_at = snap.progress_mono_s
+            log.warning(
+                "no progress for %.1f s (step %d, last %s #%d %s): dumping ring and stacks",
+                stalled,
+                snap.last_step,
+                snap.last_group,
+                snap.last_seq,
+                snap.last_op,
+            )
+            self.dump_evidence(reason=f"no progress for {stalled:.1f} s")
+
+    # -- end ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self.cfg.time_collectives:
+            collectives.uninstall()
+        self.phases.remove()
+        self._publish(schema.RankState.FINISHED)
+        self._settle_losses()
+        cfg = self.cfg
+        self.queue.put(
+            schema.Heartbeat(
+                job_id=cfg.job,
+                rank=cfg.rank,
+                time_s=time.time(),
+                last_step=self.current_step,
+                state=schema.RankState.FINISHED,
+            )
+        )
+        self.flusher.stop()
+        if self._stacks_file is not None:
+            with contextlib.suppress(Exception):
+                faulthandler.unregister(self.cfg.stack_signal)
+            self._stacks_file.close()
+        self.page.close()
+
+
+def _peak_memory() -> int:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def _device_uuid() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        with contextlib.suppress(Exception):
+            return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return ""

@@ -1,0 +1,132 @@
+"""A 4-rank gloo job exercising DDP, FSDP2, tensor parallelism, async and point-to-point ops.
+
+Run one process per rank (the test launches them):
+    python dist_scenarios.py RANK WORLD PORT OUT_DIR PROGRESS_DIR
+Step ranges: DDP 0-2, FSDP2 10-12, tensor parallel 20-22, async + p2p 30. The SDK writes JSONL
+under OUT_DIR and leaves each rank's progress page (with its ring buffer) under PROGRESS_DIR.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import vigil.agent
+
+JOB = "scenarios"
+HIDDEN = 32
+BATCH = 8
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN)
+    )
+
+
+def train(model: torch.nn.Module, steps: range) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    vigil.agent.watch(model, opt)
+    for i in steps:
+        with vigil.agent.step(i, tokens=BATCH) as s:
+            loss = model(torch.randn(BATCH, HIDDEN)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.set_loss(loss)
+    del opt
+
+
+class _AllReduceForward(torch.autograd.Function):
+    """Megatron's row-parallel output: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _AllReduceBackward(torch.autograd.Function):
+    """Megatron's column-parallel input: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class TensorParallelMLP(torch.nn.Module):
+    def __init__(self, group: Any, tp: int) -> None:
+        super().__init__()
+        self.group = group
+        self.up = torch.nn.Linear(HIDDEN, HIDDEN // tp)
+        self.down = torch.nn.Linear(HIDDEN // tp, HIDDEN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _AllReduceBackward.apply(x, self.group)
+        return _AllReduceForward.apply(self.down(torch.relu(self.up(x))), self.group)
+
+
+def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    vigil.agent.init(
+        job=JOB,
+        output_dir=out,
+        progress_dir=progress_dir,
+        measure_cpu_peak=False,
+        flush_interval_s=0.2,
+        peak_flops=1e12,
+        flops_per_token=6.0 * 2 * HIDDEN * HIDDEN,
+    )
+
+    ddp = torch.nn.parallel.DistributedDataParallel(mlp())
+    train(ddp, range(0, 3))
+    del ddp
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    sharded = mlp()
+    for layer in sharded:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    train(sharded, range(10, 13))
+    del sharded
+
+    tp_groups = [dist.new_group([r, r + 1], group_desc="tp") for r in range(0, world, 2)]
+    torch.manual_seed(rank // 2)
+    train(TensorParallelMLP(tp_groups[rank // 2], 2), range(20, 23))
+
+    with vigil.agent.step(30):
+        work = dist.all_reduce(torch.ones(256), async_op=True)
+        work.wait()
+        right, left = (rank + 1) % world, (rank - 1) % world
+        send = dist.isend(torch.full((64,), float(rank)), right)
+        inbox = torch.empty(64)
+        dist.recv(inbox, left)
+        send.wait()
+        assert inbox[0].item() == left
+    vigil.agent.shutdown()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

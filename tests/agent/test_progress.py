@@ -1,0 +1,113 @@
+"""The progress page: what the SDK writes is what the agent reads, including the ring buffer."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from vigil import schema
+from vigil.agent import progress
+
+
+def _writer(tmp_path: Path, capacity: int = 16) -> progress.PageWriter:
+    return progress.PageWriter(
+        progress.page_path(tmp_path, "job", 3),
+        job="job",
+        node="n1",
+        rank=3,
+        world_size=8,
+        local_rank=1,
+        capacity=capacity,
+    )
+
+
+def _event(writer: progress.PageWriter, index: int, *, end: float = 2.0) -> None:
+    writer.write_event(
+        index,
+        seq=index + 1,
+        step=index // 4,
+        nbytes=1024 * (index + 1),
+        enqueue_s=1.0,
+        start_s=1.0,
+        end_s=end,
+        group="tp:2",
+        op="all_reduce",
+        dtype="bfloat16",
+    )
+
+
+def test_snapshot_reads_what_the_writer_wrote(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    first = reader.snapshot()
+    assert (first.job, first.node, first.rank, first.world_size, first.local_rank) == (
+        "job",
+        "n1",
+        3,
+        8,
+        1,
+    )
+    assert first.state is schema.RankState.STARTING and first.last_step == -1
+    writer.progress(schema.RankState.COMPUTE, now_mono=10.0, now_wall=1e9, step=7)
+    _event(writer, 0, end=0.0)
+    writer.collective("tp:2", 1, "all_reduce", entering=True, now_mono=11.0, now_wall=1e9 + 1)
+    snap = reader.snapshot()
+    assert snap.state is schema.RankState.IN_COLLECTIVE
+    assert (snap.last_step, snap.last_group, snap.last_seq, snap.last_op) == (
+        7,
+        "tp:2",
+        1,
+        "all_reduce",
+    )
+    assert snap.progress_mono_s == 11.0 and snap.step_start_mono_s == 10.0 and snap.ring_head == 1
+    writer.step_done(progress.StepSummary(step=7, step_time_s=0.5, mfu=0.4, tokens=64))
+    writer.health(progress.Health(internal_errors=2, dropped_records=5))
+    snap = reader.snapshot()
+    assert (snap.last.step, snap.last.step_time_s, snap.last.mfu, snap.last.tokens) == (
+        7,
+        0.5,
+        0.4,
+        64,
+    )
+    assert math.isnan(snap.last.loss)
+    assert (snap.health.internal_errors, snap.health.dropped_records) == (2, 5)
+    reader.close()
+    writer.close()
+
+
+def test_ring_keeps_the_newest_events_in_order_and_fills_in_completions(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, capacity=16)
+    for index in range(40):
+        _event(writer, index, end=0.0)
+    writer.collective("tp:2", 40, "all_reduce", entering=False, now_mono=1.0, now_wall=1.0)
+    writer.finish_event(39, 5.5)
+    writer.finish_event(3, 9.9)  # overwritten long ago: must not corrupt the slot now there
+    reader = progress.PageReader(writer.path)
+    events = reader.events()
+    assert [e.seq for e in events] == list(range(25, 41))
+    assert events[-1].end_s == 5.5 and all(e.end_s == 0.0 for e in events[:-1])
+    assert events[0].bytes == 1024 * 25 and events[0].dtype == "bfloat16"
+    assert {e.rank for e in events} == {3} and {e.job_id for e in events} == {"job"}
+
+
+def test_control_request_round_trip(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    assert writer.control() == (0, "")
+    assert reader.request_control("checkpoint") == 1
+    assert writer.control() == (1, "checkpoint")
+    writer.ack(1)
+    assert reader.acked() == 1
+    with pytest.raises(ValueError, match=r"1\.\.16 bytes"):
+        reader.request_control("x" * 17)
+
+
+def test_reader_refuses_a_file_that_is_not_a_page(tmp_path: Path) -> None:
+    bogus = tmp_path / "job" / "rank-00000.page"
+    bogus.parent.mkdir()
+    bogus.write_bytes(b"\0" * 4096)
+    with pytest.raises(ValueError, match="not a vigil progress page"):
+        progress.PageReader(bogus)
+    assert progress.discover(tmp_path) == [bogus]

@@ -1,0 +1,154 @@
+"""The public SDK in one process: no-ops before init, JSONL output, control, fail-open."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import vigil.agent
+from vigil import codec, schema
+from vigil.agent import progress
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    yield tmp_path / "out", tmp_path / "pages"
+    vigil.agent.shutdown()
+
+
+def _init(dirs: tuple[Path, Path], **options: object) -> vigil.agent.Session:
+    out, pages = dirs
+    options.setdefault("measure_cpu_peak", False)
+    session = vigil.agent.init(
+        job="unit",
+        output_dir=out,
+        progress_dir=pages,
+        rank=0,
+        world_size=1,
+        flush_interval_s=0.05,
+        **options,
+    )
+    assert session is not None
+    return session
+
+
+def _records(out: Path) -> list[schema.Record]:
+    path = out / "unit" / "rank-00000.jsonl"
+    return [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+
+
+def _loop(steps: range, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in steps:
+        with vigil.agent.span("data"):
+            x = torch.randn(4, 16)
+        with vigil.agent.step(i, tokens=4) as s:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.set_loss(loss)
+
+
+def test_everything_is_a_cheap_no_op_before_init() -> None:
+    assert vigil.agent.current() is None
+    model = torch.nn.Linear(2, 2)
+    vigil.agent.watch(model)
+    vigil.agent.on_control("checkpoint", lambda: None)
+    with vigil.agent.step(3, tokens=5) as s, vigil.agent.span("data"):
+        s.set_loss(1.0)
+    assert (s.step, s.tokens, s.loss) == (3, 5, 1.0)
+    assert not model._forward_hooks
+    vigil.agent.shutdown()
+
+
+def test_bad_configuration_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert vigil.agent.init(job="a/b", rank=0, world_size=1) is None
+        assert vigil.agent.init(job="x", rank=4, world_size=2) is None
+    assert (
+        "must not contain '/'" in caplog.text
+        and "rank 4 must be in [0, world_size=2)" in caplog.text
+    )
+    assert vigil.agent.current() is None
+
+
+def test_jsonl_output_has_identity_steps_phases_and_measured_flops(dirs: tuple[Path, Path]) -> None:
+    _init(dirs, measure_flops=True, peak_flops=1e12)
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    vigil.agent.watch(model, opt)
+    _loop(range(5), model, opt)
+    vigil.agent.shutdown()
+    records = _records(dirs[0])
+    assert isinstance(records[0], schema.RankInfo) and records[0].pid == os.getpid()
+    assert isinstance(records[1], schema.Job) and records[1].peak_flops == 1e12
+    steps = [r for r in records if isinstance(r, schema.StepRecord)]
+    assert [s.step for s in steps] == [0, 1, 2, 3, 4]
+    assert all(s.forward_s > 0 and s.backward_s > 0 and s.optimizer_s > 0 for s in steps)
+    assert all(s.data_s > 0 and s.loss is not None and s.loss > 0 for s in steps)
+    # Counted once on step 0: forward GEMM + grad-weight GEMM, 2*16*16 FLOPs each per token.
+    assert {s.model_flops for s in steps} == {4 * 2 * 2 * 16 * 16}
+    assert all(s.mfu > 0 for s in steps)
+    beats = [r for r in records if isinstance(r, schema.Heartbeat)]
+    assert beats[-1].state is schema.RankState.FINISHED and beats[-1].last_step == 4
+
+
+def test_control_requests_run_at_the_next_step_in_the_training_thread(
+    dirs: tuple[Path, Path],
+) -> None:
+    session = _init(dirs)
+    ran: list[tuple[str, int]] = []
+    vigil.agent.on_control("checkpoint", lambda: ran.append(("ckpt", threading.get_ident())))
+    vigil.agent.on_control("checkpoint", lambda: 1 / 0)  # a broken callback must not hurt
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _loop(range(2), model, opt)
+    assert ran == []
+    reader = progress.PageReader(session.page.path)
+    seq = reader.request_control("checkpoint")
+    _loop(range(2, 3), model, opt)
+    assert ran == [("ckpt", threading.get_ident())] and reader.acked() == seq
+    assert session.internal_errors == 1
+    reader.request_control("dump_stacks")
+    _loop(range(3, 4), model, opt)
+    stacks = session.page.path.with_suffix(".stacks").read_text()
+    assert "dump_stacks requested" in stacks and "test_sdk.py" in stacks
+    reader.close()
+
+
+def test_stacks_on_signal_and_ring_dump_when_the_loop_stalls(dirs: tuple[Path, Path]) -> None:
+    session = _init(dirs, min_hang_s=0.3, hang_factor=2.0)
+    with vigil.agent.step(0):
+        pass
+    os.kill(os.getpid(), signal.SIGUSR1)
+    stacks = session.page.path.with_suffix(".stacks")
+    deadline = time.monotonic() + 5
+    while "Current thread" not in stacks.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "test_stacks_on_signal" in stacks.read_text()
+    with vigil.agent.step(1):
+        time.sleep(1.0)  # no progress for longer than the 0.3 s threshold
+    vigil.agent.shutdown()
+    assert "no progress for" in stacks.read_text()
+
+
+def test_internal_errors_are_counted_and_training_goes_on(dirs: tuple[Path, Path]) -> None:
+    session = _init(dirs)
+
+    def broken(**_kwargs: object) -> None:
+        raise RuntimeError("recorder broke")
+
+    session.recorder.take = broken  # type: ignore[method-assign, assignment]
+    done = []
+    for i in range(3):
+        with vigil.agent.step(i):
+            done.append(i)
+    assert done == [0, 1, 2] and session.internal_errors == 3
