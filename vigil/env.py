@@ -36,3 +36,9 @@ class EnvVar(enum.StrEnum):
     JOB = "VIGIL_JOB"
     # Where per-step in-memory snapshots live (node shared memory; default /dev/shm).
     SNAPSHOT_DIR = "VIGIL_SNAPSHOT_DIR"
+    # Restart attempt number a supervisor gives the trainer's ranks: keys the per-attempt store
+    # prefix (restarted gloo workers cannot reuse an earlier attempt's keys) and which faults fire.
+    RESTART_COUNT = "VIGIL_RESTART_COUNT"
+    # "1" when the supervisor hosts the rendezvous TCPStore at MASTER_ADDR:MASTER_PORT, so that
+    # rank 0 connects as a client instead of starting the store server itself.
+    STORE_HOSTED = "VIGIL_STORE_HOSTED"

@@ -1,0 +1,126 @@
+"""Trainer throughput and MFU per parallel layout, measured side by side in one run.
+
+On CPU: every layout trains the same small model through `vigil train` (real gloo ranks on this
+host); tokens/s is the global batch's tokens over the median steady-state step time, and MFU is
+the model FLOP/s (6N + 12·L·H·Q·T per token, PaLM appendix B) over this host's measured fp32 GEMM
+peak (all cores: the ranks share them). On a CUDA host it also trains the ~1B recipe on one GPU in
+bf16 and reports MFU against the datasheet peak (`vigil.trainer.runtime.GPU_PEAK_BF16`).
+
+Last line: one JSON object with `<layout>_tokens_per_s` and `<layout>_mfu` for each layout run.
+Usage: python bench/trainer.py [--steps 8] [--layouts single,ddp,...] [--gpu-steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from vigil.trainer import launch, recipes
+
+# The CPU model: big enough that GEMMs dominate, small enough for 4 ranks on 2 cores.
+CPU_MODEL = ["--dim", "256", "--layers", "4", "--heads", "8", "--seq-len", "128"]
+CPU_BATCH = ["--global-batch", "8"]
+LAYOUTS: dict[str, tuple[int, list[str]]] = {
+    "single": (1, []),
+    "ddp": (2, ["--dp", "2", "--dp-mode", "ddp"]),
+    "fsdp": (2, ["--dp", "2"]),
+    "tp": (2, ["--tp", "2"]),
+    "pp": (2, ["--pp", "2", "--pp-schedule", "1f1b"]),
+    "dp_tp": (4, ["--dp", "2", "--tp", "2"]),
+    "dp_pp": (4, ["--dp", "2", "--pp", "2"]),
+}
+WARMUP_STEPS = 2  # first steps pay for allocation, autograd graph building, FSDP lazy init
+
+
+def cpu_gemm_peak(size: int = 1024, repeats: int = 20) -> float:
+    """Best fp32 matmul FLOP/s of this host with all of torch's threads."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def flops_per_token() -> float:
+    model = recipes.ModelConfig(dim=256, n_layers=4, n_heads=8, max_seq_len=128)
+    return model.flops_per_token(128)
+
+
+def run_layout(name: str, nproc: int, extra: list[str], steps: int, out: Path) -> float:
+    """Median steady-state tokens/s of one layout, from rank 0's per-step metrics."""
+    metrics = out / f"{name}.jsonl"
+    args = [*CPU_MODEL, *CPU_BATCH, "--steps", str(steps), "--no-telemetry", "--cpu"]
+    args += ["--metrics-out", str(metrics), *extra]
+    code = launch.launch_local(nproc, args, timeout_s=600)
+    if code != 0:
+        raise RuntimeError(f"layout {name} exited with {code}")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    step_s = statistics.median(r["step_s"] for r in rows[WARMUP_STEPS:])
+    return 8 * 128 / step_s
+
+
+def gpu_1b(steps: int) -> dict[str, float]:
+    """The ~1B recipe on one GPU, bf16, compiled: tokens/s and MFU against the table peak."""
+    from vigil.trainer import loop, runtime
+
+    device = torch.device("cuda", 0)
+    peak = runtime.peak_flops_for(device)
+    recipe = recipes.named("1b", steps=steps)
+    ctx = loop.RunContext(device=device, peak_flops=peak)
+    with loop.trainer_session(recipe, ctx=ctx) as trainer:
+        result = trainer.train()
+    tail = result.history[max(WARMUP_STEPS, 5) :]
+    tokens_per_s = recipe.tokens_per_step / statistics.median(s.step_s for s in tail)
+    mfu = tokens_per_s * recipe.model.flops_per_token(recipe.seq_len) / peak if peak else 0.0
+    print(
+        f"gpu 1b ({torch.cuda.get_device_name(device)}): {tokens_per_s:,.0f} tok/s, MFU {mfu:.1%}"
+    )
+    return {"gpu_1b_tokens_per_s": round(tokens_per_s, 1), "gpu_1b_mfu": round(mfu, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--gpu-steps", type=int, default=30)
+    args = parser.parse_args()
+    peak = cpu_gemm_peak()
+    fpt = flops_per_token()
+    threads = torch.get_num_threads()
+    print(f"CPU fp32 GEMM peak (1024^3 matmul, {threads} threads): {peak / 1e9:.1f} GFLOP/s")
+    print(f"model: dim 256, 4 layers, 8 heads, seq 128, batch 8; {fpt / 1e6:.1f} MFLOP/token")
+    result: dict[str, float] = {}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
+        for name in args.layouts.split(","):
+            nproc, extra = LAYOUTS[name]
+            tokens_per_s = run_layout(name, nproc, extra, args.steps, Path(tmp))
+            mfu = tokens_per_s * fpt / peak
+            rows.append((name, nproc, tokens_per_s, mfu))
+            result[f"{name}_tokens_per_s"] = round(tokens_per_s, 1)
+            result[f"{name}_mfu"] = round(mfu, 4)
+    base = rows[0][2]
+    print(f"{'layout':<8} {'ranks':>5} {'tokens/s':>10} {'vs ' + rows[0][0]:>10} {'MFU':>7}")
+    for name, nproc, tokens_per_s, mfu in rows:
+        print(
+            f"{name:<8} {nproc:>5} {tokens_per_s:>10,.0f} {tokens_per_s / base:>9.2f}x {mfu:>7.1%}"
+        )
+    if torch.cuda.is_available():
+        result.update(gpu_1b(args.gpu_steps))
+    else:
+        print("no CUDA device: the GPU ~1B recipe (bf16, one H200, >= 35% MFU expected) not run")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

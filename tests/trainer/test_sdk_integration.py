@@ -1,0 +1,40 @@
+"""The trainer under the real SDK: step records with losses land in the SDK's JSONL output, and a
+"checkpoint" request written into the rank's progress page (as the node agent does) is saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.trainer import workers
+from vigil.agent import progress
+from vigil.trainer import checkpoint, loop, recipes, telemetry
+
+
+def test_sdk_records_steps_and_its_checkpoint_request_is_honoured(tmp_path: Path) -> None:
+    recipe = workers.with_checkpoint(recipes.named("tiny", steps=4), directory=tmp_path / "ckpt")
+    tele = telemetry.Telemetry()
+    tele.start(
+        job="sdk-ctl",
+        rank=0,
+        world_size=1,
+        model_shape=recipe.model.shape(recipe.seq_len),
+        flops_per_token=recipe.model.flops_per_token(recipe.seq_len),
+        peak_flops=1e12,
+        output_dir=tmp_path / "out",
+        collector=None,
+        progress_dir=tmp_path / "pages",
+    )
+    with loop.trainer_session(recipe, ctx=loop.RunContext(job_id="sdk-ctl"), tele=tele) as trainer:
+        page = progress.PageReader(progress.page_path(tmp_path / "pages", "sdk-ctl", 0))
+        page.request_control("checkpoint")
+        result = trainer.train()
+        page.close()
+    # Seen at step 1's boundary, agreed by every rank in step 2, saved after step 2.
+    assert checkpoint.committed_steps(tmp_path / "ckpt") == [2, 4]
+    assert tele.errors == 0
+    lines = (tmp_path / "out" / "sdk-ctl" / "rank-00000.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["loss"] for r in steps] == [result.losses[s] for s in (1, 2, 3, 4)]
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in steps)
