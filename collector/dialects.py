@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
@@ -97,37 +98,61 @@ def bulk_write(
     *,
     upsert_rows: bool,
 ) -> None:
-    """Write many tuples: executemany on SQLite, COPY on PostgreSQL (through a staging table
-    when rows may already exist, so COPY's speed and ON CONFLICT's semantics combine)."""
+    """Write many tuples: executemany on SQLite, COPY on PostgreSQL. With `upsert_rows`, a row
+    whose key exists replaces it (columns must start with the primary key)."""
     if not rows:
         return
     if upsert_rows:
         rows = dedupe_tuples(table, columns, rows)
     if conn.dialect.name != POSTGRESQL:
-        values = f"VALUES ({', '.join('?' for _ in columns)})"
-        sql = (
-            upsert_sql(conn, table, columns, values)
-            if upsert_rows
-            else f"INSERT INTO {_quote(conn, table.name)} "
-            f"({', '.join(_quote(conn, c) for c in columns)}) {values}"
-        )
-        conn.exec_driver_sql(sql, list(rows))
+        _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
+    elif not upsert_rows:
+        _copy(conn, table.name, columns, rows)
+    else:
+        _pg_upsert(conn, table, columns, rows)
+
+
+def _sqlite_write(
+    conn: Connection,
+    table: Table,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    upsert_rows: bool,
+) -> None:
+    values = f"VALUES ({', '.join('?' for _ in columns)})"
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    sql = (
+        upsert_sql(conn, table, columns, values)
+        if upsert_rows
+        else f"INSERT INTO {_quote(conn, table.name)} ({cols}) {values}"
+    )
+    conn.exec_driver_sql(sql, list(rows))
+
+
+def _pg_upsert(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    try:
+        # Optimistic: rows are almost always new (a step re-run after a restart is the exception),
+        # so COPY straight into the table; on a key clash, undo and take the staging path.
+        with conn.begin_nested():
+            _copy(conn, table.name, columns, rows)
         return
-    target = table.name
-    if upsert_rows:
-        target = f"_stage_{table.name}"
-        conn.exec_driver_sql(
-            f"CREATE TEMP TABLE IF NOT EXISTS {target} "
-            f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-    _copy(conn, target, columns, rows)
-    if upsert_rows:
-        cols = ", ".join(_quote(conn, c) for c in columns)
-        order = ", ".join(_quote(conn, c) for c in primary_key(table))
-        # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
-        source = f"SELECT {cols} FROM {target} ORDER BY {order}"
-        conn.exec_driver_sql(upsert_sql(conn, table, columns, source))
-        conn.exec_driver_sql(f"TRUNCATE {target}")
+    except psycopg.errors.UniqueViolation:
+        pass
+    stage = f"_stage_{table.name}"
+    conn.exec_driver_sql(
+        f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
+        f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    )
+    _copy(conn, stage, columns, rows)
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    order = ", ".join(_quote(conn, c) for c in primary_key(table))
+    # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
+    source = f"SELECT {cols} FROM {stage} ORDER BY {order}"
+    conn.exec_driver_sql(upsert_sql(conn, table, columns, source))
+    conn.exec_driver_sql(f"TRUNCATE {stage}")
 
 
 def _copy(

@@ -12,10 +12,11 @@ import math
 import sys
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from itertools import repeat
 
-from sqlalchemy import bindparam, select, tuple_, update
+from sqlalchemy import select, tuple_
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from vigil import schema
@@ -23,6 +24,7 @@ from vigil.collector import dialects, tables
 
 METRICS = ("step_time", "comm_wait", "mfu")
 NAN = math.nan
+_EMPTY = {m: b"" for m in METRICS}
 
 
 def pack(values: array[float]) -> bytes:
@@ -41,61 +43,71 @@ def unpack(blob: bytes) -> array[float]:
     return values
 
 
-def patch(blob: bytes | None, cells: Iterable[tuple[int, float]]) -> bytes:
-    """Set `rank -> value` cells in a packed array, growing it with NaN (missing) as needed."""
-    values = unpack(blob) if blob else array("d")
-    for rank, value in cells:
-        if rank >= len(values):
-            values.extend([NAN] * (rank + 1 - len(values)))
-        values[rank] = value
-    return pack(values)
+def patch(blob: bytes | None, ranks: Sequence[int], values: Sequence[float]) -> bytes:
+    """Set `values[i]` at `ranks[i]` in a packed array, growing it with NaN (missing) as needed."""
+    cells = unpack(blob) if blob else array("d")
+    top = max(ranks, default=-1) + 1
+    if top > len(cells):
+        cells.extend(repeat(NAN, top - len(cells)))
+    for rank, value in zip(ranks, values, strict=True):
+        cells[rank] = value
+    return pack(cells)
 
 
-def _cells(records: Sequence[schema.StepRecord]) -> dict[tuple[str, int], list[tuple[int, ...]]]:
-    grouped: dict[tuple[str, int], list[Any]] = defaultdict(list)
+class _Cells:
+    """The cells one batch sets in one (job, step): ranks and each metric's values."""
+
+    __slots__ = ("comm_wait", "mfu", "ranks", "step_time")
+
+    def __init__(self) -> None:
+        self.ranks: list[int] = []
+        self.step_time: list[float] = []
+        self.comm_wait: list[float] = []
+        self.mfu: list[float] = []
+
+
+def _cells(records: Sequence[schema.StepRecord]) -> dict[tuple[str, int], _Cells]:
+    grouped: dict[tuple[str, int], _Cells] = defaultdict(_Cells)
     for r in records:
-        grouped[(r.job_id, r.step)].append((r.rank, r.end_s - r.start_s, r.comm_wait_s, r.mfu))
+        cells = grouped[(r.job_id, r.step)]
+        cells.ranks.append(r.rank)
+        cells.step_time.append(r.end_s - r.start_s)
+        cells.comm_wait.append(r.comm_wait_s)
+        cells.mfu.append(r.mfu)
     return grouped
 
 
 def write(conn: Connection, records: Sequence[schema.StepRecord]) -> None:
     """Patch the matrices of every (job, step) in `records` inside the caller's transaction."""
     grouped = _cells(records)
-    if not grouped:
-        return
     keys = sorted(grouped)
     t = tables.step_matrix
-    empty = {m: b"" for m in METRICS}
-    # Create missing rows first so that, on PostgreSQL, SELECT ... FOR UPDATE can lock them all.
-    existing = _read(conn, keys, lock=False)
-    missing = [k for k in keys if k not in existing]
-    if missing:
-        if conn.dialect.name == dialects.POSTGRESQL:
-            for job_id, step in missing:
-                dialects.insert_ignore(conn, t, {"job_id": job_id, "step": step, **empty})
-        else:
-            conn.execute(t.insert(), [{"job_id": j, "step": s, **empty} for j, s in missing])
-    current = _read(conn, keys, lock=conn.dialect.name == dialects.POSTGRESQL)
+    locking = conn.dialect.name == dialects.POSTGRESQL
+    if locking:
+        # Create missing rows first so SELECT ... FOR UPDATE can lock every row this batch
+        # patches: concurrent batches on one step then serialise instead of losing cells.
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start : start + 1000]
+            conn.execute(
+                postgresql.insert(t)
+                .values([{"job_id": j, "step": s, **_EMPTY} for j, s in chunk])
+                .on_conflict_do_nothing()
+            )
+    current = _read(conn, keys, lock=locking)
     rows = []
     for key in keys:
         cells = grouped[key]
-        blobs = current[key]
+        blobs = current.get(key, (b"", b"", b""))
         rows.append(
             {
-                "k_job": key[0],
-                "k_step": key[1],
-                **{
-                    m: patch(blobs[i], ((c[0], c[i + 1]) for c in cells))
-                    for i, m in enumerate(METRICS)
-                },
+                "job_id": key[0],
+                "step": key[1],
+                "step_time": patch(blobs[0], cells.ranks, cells.step_time),
+                "comm_wait": patch(blobs[1], cells.ranks, cells.comm_wait),
+                "mfu": patch(blobs[2], cells.ranks, cells.mfu),
             }
         )
-    conn.execute(
-        update(t)
-        .where(t.c.job_id == bindparam("k_job"), t.c.step == bindparam("k_step"))
-        .values({m: bindparam(m) for m in METRICS}),
-        rows,
-    )
+    dialects.upsert(conn, t, rows)
 
 
 def _read(

@@ -116,8 +116,9 @@ class Store:
                     "source": batch.source,
                 },
             )
-            if fresh:
-                writes.write_records(conn, batch.records, received_s=received_s)
+            counts = (
+                writes.write_records(conn, batch.records, received_s=received_s) if fresh else {}
+            )
         if not fresh:
             return IngestResult(
                 batch_id=batch.batch_id, accepted=len(batch.records), duplicate=True
@@ -126,7 +127,7 @@ class Store:
             batch_id=batch.batch_id,
             accepted=len(batch.records),
             duplicate=False,
-            counts=dict(writes.type_counts(batch.records)),
+            counts=counts,
         )
 
     def store_findings(self, findings: Sequence[schema.Finding]) -> None:

@@ -7,7 +7,7 @@ by their ids with SQLAlchemy Core. Must not commit, decode or call the analyzer.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
@@ -30,18 +30,17 @@ SAMPLE_COLUMNS = [c.name for c in tables.samples.columns if c.name != "id"]
 _sample_row = attrgetter(*SAMPLE_COLUMNS[:-1])
 
 
-def type_counts(records: Sequence[schema.Record]) -> Counter[str]:
-    """How many records of each wire type (`step`, `sample`, ...) a batch holds."""
-    return Counter(str(type(r).__struct_config__.tag) for r in records)
-
-
-def write_records(conn: Connection, records: Sequence[schema.Record], *, received_s: float) -> None:
-    """Store every record of one batch; the caller's transaction makes it all-or-nothing."""
+def write_records(
+    conn: Connection, records: Sequence[schema.Record], *, received_s: float
+) -> dict[str, int]:
+    """Store every record of one batch (the caller's transaction makes it all-or-nothing);
+    return how many records of each wire type (`step`, `sample`, ...) it held."""
     by_type: dict[type, list[Any]] = defaultdict(list)
     for record in records:
         by_type[type(record)].append(record)
     for record_type, group in by_type.items():
         _WRITERS[record_type](conn, group, received_s)
+    return {str(t.__struct_config__.tag): len(group) for t, group in by_type.items()}
 
 
 def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
