@@ -70,7 +70,9 @@ def insert_ignore(conn: Connection, table: Table, row: dict[str, Any]) -> bool:
         stmt = postgresql.insert(table).values(**row).on_conflict_do_nothing()
     else:
         stmt = sqlite.insert(table).values(**row).on_conflict_do_nothing()
-    return bool(conn.execute(stmt).rowcount)
+    # RETURNING rather than rowcount: drivers do not all report rowcount for INSERT.
+    key = table.primary_key.columns.values()[0]
+    return conn.execute(stmt.returning(key)).first() is not None
 
 
 def _quote(conn: Connection, name: str) -> str:

@@ -40,7 +40,7 @@ def write_records(
         by_type[type(record)].append(record)
     for record_type, group in by_type.items():
         _WRITERS[record_type](conn, group, received_s)
-    return {str(t.__struct_config__.tag): len(group) for t, group in by_type.items()}
+    return {_TAGS[t]: len(group) for t, group in by_type.items()}
 
 
 def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
@@ -121,3 +121,4 @@ _WRITERS: dict[type, Callable[[Connection, list[Any], float], None]] = {
     schema.DiagResult: _diags,
 }
 assert set(_WRITERS) == set(schema.RECORD_TYPES), "every wire record type has a writer"
+_TAGS: dict[type, str] = {cls: tag for tag, cls in schema.RECORD_TAGS.items()}
