@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import Response
@@ -26,9 +27,17 @@ ACCEPTED_MEDIA_TYPES = {api.BATCH_MEDIA_TYPE, "application/octet-stream"}
 RETRY_AFTER_S = "2"
 
 
-def _error(ctx: CollectorContext, code: int, reason: str, detail: str) -> Response:
+def _error(
+    ctx: CollectorContext,
+    code: int,
+    reason: str,
+    detail: str,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     ctx.metrics.rejected_batches.labels(reason=reason).inc()
-    return json_response({"detail": detail}, status_code=code)
+    response = json_response({"detail": detail}, status_code=code)
+    response.headers.update(headers or {})
+    return response
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -80,7 +89,7 @@ def router(ctx: CollectorContext) -> APIRouter:
         try:
             check(request)
         except HTTPException as exc:
-            return _error(ctx, exc.status_code, "auth", str(exc.detail))
+            return _error(ctx, exc.status_code, "auth", str(exc.detail), exc.headers)
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media not in ACCEPTED_MEDIA_TYPES:
             return _error(

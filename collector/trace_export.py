@@ -65,7 +65,8 @@ def chrome_trace(
 
 def _node_names(conn: Connection, job_id: str) -> dict[int, str]:
     r = tables.ranks
-    return dict(conn.execute(select(r.c.rank, r.c.node).where(r.c.job_id == job_id)).tuples().all())
+    rows = conn.execute(select(r.c.rank, r.c.node).where(r.c.job_id == job_id))
+    return {int(rank): str(node) for rank, node in rows}
 
 
 def _metadata(rank: int, node: str) -> list[dict[str, Any]]:
