@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
-from vigil import api, codec, schema
+from vigil import api, cli, codec, schema
 from vigil.collector import CollectorSettings, StreamAnalyzer, TickingAnalyzer, create_app
 
 pytestmark = pytest.mark.integration
@@ -366,3 +366,11 @@ def test_analyzer_sees_committed_batches_and_its_findings_are_served(
     _wait_for(lambda: analyzer.batches == 3)
     time.sleep(0.2)
     assert analyzer.batches == 3
+
+
+def test_vigil_collector_refuses_an_open_bind_without_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VIGIL_DATA_DIR", str(tmp_path))
+    assert cli.main(["collector", "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "refusing to bind 0.0.0.0 without tokens" in capsys.readouterr().err
