@@ -11,6 +11,7 @@ import argparse
 import logging
 
 import uvicorn
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from vigil.cli import Command
@@ -48,8 +49,9 @@ def _settings(args: argparse.Namespace) -> CollectorSettings:
 def _run(args: argparse.Namespace) -> int:
     try:
         settings = _settings(args)
-    except ValueError as exc:
-        log.error("%s", exc)
+    except ValidationError as exc:
+        for error in exc.errors():
+            log.error("bad collector setting: %s", error["msg"].removeprefix("Value error, "))
         return 2
     if not settings.auth_enabled:
         where = "loopback only" if is_loopback(settings.collector_host) else "DEV MODE, unprotected"
