@@ -11,19 +11,21 @@ from __future__ import annotations
 import math
 import sys
 from array import array
-from collections import defaultdict
 from collections.abc import Sequence
 from itertools import repeat
+from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from vigil import schema
 from vigil.collector import dialects, tables
 
 METRICS = ("step_time", "comm_wait", "mfu")
 NAN = math.nan
+STEP_COLUMNS = [c.name for c in tables.step_records.columns]
+_START, _END = STEP_COLUMNS.index("start_s"), STEP_COLUMNS.index("end_s")
+_COMM_WAIT, _MFU = STEP_COLUMNS.index("comm_wait_s"), STEP_COLUMNS.index("mfu")
 _EMPTY = {m: b"" for m in METRICS}
 
 
@@ -66,20 +68,27 @@ class _Cells:
         self.mfu: list[float] = []
 
 
-def _cells(records: Sequence[schema.StepRecord]) -> dict[tuple[str, int], _Cells]:
-    grouped: dict[tuple[str, int], _Cells] = defaultdict(_Cells)
-    for r in records:
-        cells = grouped[(r.job_id, r.step)]
-        cells.ranks.append(r.rank)
-        cells.step_time.append(r.end_s - r.start_s)
-        cells.comm_wait.append(r.comm_wait_s)
-        cells.mfu.append(r.mfu)
+def _cells(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], _Cells]:
+    """Group step rows (STEP_COLUMNS order) by (job, step)."""
+    grouped: dict[tuple[str, int], _Cells] = {}
+    for row in rows:
+        key = (row[0], row[1])
+        cells = grouped.get(key)
+        if cells is None:
+            cells = grouped[key] = _Cells()
+        cells.ranks.append(row[2])
+        cells.step_time.append(row[_END] - row[_START])
+        cells.comm_wait.append(row[_COMM_WAIT])
+        cells.mfu.append(row[_MFU])
     return grouped
 
 
-def write(conn: Connection, records: Sequence[schema.StepRecord]) -> None:
-    """Patch the matrices of every (job, step) in `records` inside the caller's transaction."""
-    grouped = _cells(records)
+def write(conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Patch the matrices of every (job, step) in step `rows` (STEP_COLUMNS order) inside the
+    caller's transaction; later rows of one cell win."""
+    if not rows:
+        return
+    grouped = _cells(rows)
     keys = sorted(grouped)
     t = tables.step_matrix
     locking = conn.dialect.name == dialects.POSTGRESQL
@@ -94,11 +103,11 @@ def write(conn: Connection, records: Sequence[schema.StepRecord]) -> None:
                 .on_conflict_do_nothing()
             )
     current = _read(conn, keys, lock=locking)
-    rows = []
+    patched = []
     for key in keys:
         cells = grouped[key]
         blobs = current.get(key, (b"", b"", b""))
-        rows.append(
+        patched.append(
             {
                 "job_id": key[0],
                 "step": key[1],
@@ -107,7 +116,7 @@ def write(conn: Connection, records: Sequence[schema.StepRecord]) -> None:
                 "mfu": patch(blobs[2], cells.ranks, cells.mfu),
             }
         )
-    dialects.upsert(conn, t, rows)
+    dialects.upsert(conn, t, patched)
 
 
 def _read(

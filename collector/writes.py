@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from vigil import schema
 from vigil.collector import dialects, matrix, tables
 
-STEP_COLUMNS = [c.name for c in tables.step_records.columns]
+STEP_COLUMNS = matrix.STEP_COLUMNS
 _step_row = attrgetter(*STEP_COLUMNS)
 AGG_COLUMNS = [c.name for c in tables.coll_aggs.columns]
 _agg_row = attrgetter(*(("group" if c == "group_name" else c) for c in AGG_COLUMNS))
@@ -44,9 +44,9 @@ def write_records(
 
 
 def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
-    rows = [_step_row(r) for r in records]
+    rows = list(map(_step_row, records))
     dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, rows, upsert_rows=True)
-    matrix.write(conn, records)
+    matrix.write(conn, rows)
 
 
 def _aggs(conn: Connection, records: list[schema.CollectiveAggregate], received_s: float) -> None:
