@@ -1,6 +1,20 @@
-"""The collector service: ingest, storage, query API, web UI and /metrics.
+"""The collector service: ingest, storage (SQLite/PostgreSQL), query API and /metrics.
 
-vigil.collector: its public API is re-exported here as it lands.
+`create_app(settings, analyzer=...)` builds the FastAPI app; `vigil collector` serves it. The
+analyzer plugs in through the `StreamAnalyzer` protocol.
 """
 
-__all__: list[str] = []
+from vigil.collector.app import create_app
+from vigil.collector.hook import StreamAnalyzer, TickingAnalyzer
+from vigil.collector.settings import CollectorSettings
+from vigil.collector.store import IngestResult, Store, StoreConfig
+
+__all__ = [
+    "CollectorSettings",
+    "IngestResult",
+    "Store",
+    "StoreConfig",
+    "StreamAnalyzer",
+    "TickingAnalyzer",
+    "create_app",
+]

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt_packages=(prometheus)
+  apt_packages=(
+    postgresql # the collector tests start a throwaway PostgreSQL cluster (initdb/pg_ctl)
+  )
   if [ ${#apt_packages[@]} -gt 0 ]; then
     missing=()
     for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -42,3 +42,27 @@ class EnvVar(enum.StrEnum):
     # "1" when the supervisor hosts the rendezvous TCPStore at MASTER_ADDR:MASTER_PORT, so that
     # rank 0 connects as a client instead of starting the store server itself.
     STORE_HOSTED = "VIGIL_STORE_HOSTED"
+    # The collector's bind address; loopback unless tokens are set (or dev mode).
+    COLLECTOR_HOST = "VIGIL_COLLECTOR_HOST"
+    # The collector's port.
+    COLLECTOR_PORT = "VIGIL_COLLECTOR_PORT"
+    # The collector's store: sqlite:///PATH or postgresql+psycopg://...; default under DATA_DIR.
+    STORE_URL = "VIGIL_STORE_URL"
+    # Comma-separated bearer tokens allowed to ingest batches into the collector.
+    INGEST_TOKENS = "VIGIL_INGEST_TOKENS"
+    # Comma-separated bearer tokens allowed to read the collector's query API.
+    READ_TOKENS = "VIGIL_READ_TOKENS"
+    # Largest batch body the collector accepts (bytes); bounds one sender's memory cost.
+    MAX_BATCH_BYTES = "VIGIL_MAX_BATCH_BYTES"
+    # Most records one batch may carry.
+    MAX_BATCH_RECORDS = "VIGIL_MAX_BATCH_RECORDS"
+    # Largest Kineto trace upload (bytes).
+    MAX_TRACE_BYTES = "VIGIL_MAX_TRACE_BYTES"
+    # Age (seconds) after which raw samples, heartbeats and collective events expire.
+    RAW_RETENTION_S = "VIGIL_RAW_RETENTION_S"
+    # Width (seconds) of the sample rollups that serve long ranges after raw expiry.
+    ROLLUP_BUCKET_S = "VIGIL_ROLLUP_BUCKET_S"
+    # How often (seconds) the collector runs rollups and retention.
+    MAINTENANCE_INTERVAL_S = "VIGIL_MAINTENANCE_INTERVAL_S"
+    # How often (seconds) the collector ticks the streaming analyzer for hang detection.
+    ANALYZER_TICK_S = "VIGIL_ANALYZER_TICK_S"

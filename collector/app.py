@@ -1,0 +1,140 @@
+"""`create_app(settings)`: the collector's FastAPI application and its background loops.
+
+Start-up opens the store and runs migrations before the first request; two loops run beside the
+server: retention/rollups every `maintenance_interval_s`, and the analyzer's `tick` (hang detection
+without new records) every `analyzer_tick_s` when the analyzer has one. Must not bind sockets:
+`vigil collector` (command.py) serves the app with uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from vigil import _version
+from vigil.collector import retention, routes_ingest, routes_query
+from vigil.collector.context import CollectorContext, json_response
+from vigil.collector.hook import AnalyzerRunner, StreamAnalyzer
+from vigil.collector.metrics import CollectorMetrics
+from vigil.collector.settings import CollectorSettings
+from vigil.collector.store import Store, StoreConfig
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: CollectorSettings,
+    *,
+    analyzer: StreamAnalyzer | None = None,
+    clock: Callable[[], float] = time.time,
+) -> FastAPI:
+    """The collector app; `analyzer` sees every committed batch (see `hook.StreamAnalyzer`)."""
+    store = Store(StoreConfig(url=settings.resolved_store_url), clock=clock)
+    runner_box: list[AnalyzerRunner] = []
+    metrics = CollectorMetrics(
+        store_size=store.size_bytes,
+        analyzer_pending=lambda: float(runner_box[0].pending) if runner_box else 0.0,
+    )
+    ctx = CollectorContext(settings=settings, store=store, metrics=metrics, clock=clock)
+    if analyzer is not None:
+        ctx.runner = AnalyzerRunner(
+            analyzer, store_findings=store.store_findings, on_error=metrics.analyzer_errors.inc
+        )
+        runner_box.append(ctx.runner)
+    app = FastAPI(
+        title="vigil collector",
+        version=_version.__version__,
+        description="Ingest, storage and query API for vigil's training telemetry.",
+        lifespan=_lifespan(ctx),
+    )
+    app.state.collector = ctx
+    app.include_router(routes_ingest.router(ctx))
+    app.include_router(routes_query.router(ctx))
+    _ops_routes(app, ctx)
+    return app
+
+
+def _ops_routes(app: FastAPI, ctx: CollectorContext) -> None:
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> Response:
+        """200 when the store answers."""
+        try:
+            with ctx.store.read() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # any store failure means "not healthy", reported, not raised
+            return json_response({"status": "unavailable", "detail": type(exc).__name__}, 503)
+        return json_response({"status": "ok", "store": ctx.store.dialect})
+
+    @app.get("/metrics", tags=["ops"], response_class=Response)
+    def prometheus_metrics() -> Response:
+        """The collector's own metrics in Prometheus text format."""
+        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _lifespan(
+    ctx: CollectorContext,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        revision = await run_in_threadpool(ctx.store.migrate)
+        log.info(
+            "collector store %s ready at schema %s; auth %s",
+            ctx.store.dialect,
+            revision,
+            "on (bearer tokens)" if ctx.settings.auth_enabled else "off (no tokens configured)",
+        )
+        policy = retention.RetentionPolicy(
+            raw_retention_s=ctx.settings.raw_retention_s,
+            rollup_bucket_s=ctx.settings.rollup_bucket_s,
+        )
+        loops = [
+            _every(
+                ctx.settings.maintenance_interval_s,
+                "maintenance",
+                lambda: run_in_threadpool(retention.run_once, ctx.store, policy, now_s=ctx.clock()),
+            ),
+        ]
+        if ctx.runner is not None:
+            runner = ctx.runner
+            loops.append(
+                _every(ctx.settings.analyzer_tick_s, "analyzer tick", _tick(runner, ctx.clock))
+            )
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if ctx.runner is not None:
+                await run_in_threadpool(ctx.runner.close)
+            ctx.store.close()
+
+    return lifespan
+
+
+def _tick(runner: AnalyzerRunner, clock: Callable[[], float]) -> Callable[[], Awaitable[Any]]:
+    async def tick() -> None:
+        runner.tick(clock())
+
+    return tick
+
+
+async def _every(interval_s: float, name: str, call: Callable[[], Awaitable[Any]]) -> None:
+    """Run `call` every `interval_s` until cancelled; a failure is logged and retried next time."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await call()
+        except Exception:  # a background failure must not stop the loop or the server
+            log.exception("%s failed; retrying in %.0f s", name, interval_s)

@@ -1,0 +1,35 @@
+"""What every request handler shares: settings, store, metrics, analyzer runner, clock.
+
+Built once by `create_app` and attached to `app.state`; handlers receive it through closures, never
+through module globals. Must not open anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from fastapi import Response
+
+from vigil.collector.hook import AnalyzerRunner
+from vigil.collector.metrics import CollectorMetrics
+from vigil.collector.settings import CollectorSettings
+from vigil.collector.store import Store
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(kw_only=True)
+class CollectorContext:
+    settings: CollectorSettings
+    store: Store
+    metrics: CollectorMetrics
+    clock: Callable[[], float]
+    runner: AnalyzerRunner | None = None
+
+
+def json_response(body: Any, status_code: int = 200) -> Response:
+    """Encode with msgspec: fast for large matrices, and NaN/inf become null (valid JSON)."""
+    return Response(_encoder.encode(body), status_code=status_code, media_type="application/json")

@@ -1,0 +1,168 @@
+"""Dialect-specific SQL the bulk paths need: upserts, ignore-on-conflict inserts, COPY.
+
+SQLite and PostgreSQL both speak `INSERT ... ON CONFLICT`; only PostgreSQL has COPY. Everything
+here takes an open SQLAlchemy connection inside the caller's transaction and never commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+POSTGRESQL = "postgresql"
+SQLITE = "sqlite"
+
+
+def primary_key(table: Table) -> list[str]:
+    return [c.name for c in table.primary_key.columns]
+
+
+def dedupe(table: Table, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Last write wins within one batch (PostgreSQL refuses to upsert one key twice)."""
+    key = primary_key(table)
+    return list({tuple(row[k] for k in key): row for row in rows}.values())
+
+
+def dedupe_tuples(
+    table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """Like `dedupe` for tuples whose first columns are the primary key."""
+    width = len(primary_key(table))
+    assert list(columns[:width]) == primary_key(table), "key columns must come first"
+    return list({row[:width]: row for row in rows}.values())
+
+
+def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert `rows`, replacing every non-key column of rows whose primary key exists."""
+    if not rows:
+        return
+    rows = dedupe(table, rows)
+    key = primary_key(table)
+    if conn.dialect.name == POSTGRESQL:
+        pg = postgresql.insert(table)
+        conn.execute(
+            pg.on_conflict_do_update(
+                index_elements=key,
+                set_={c.name: pg.excluded[c.name] for c in table.columns if c.name not in key},
+            ),
+            rows,
+        )
+        return
+    lite = sqlite.insert(table)
+    conn.execute(
+        lite.on_conflict_do_update(
+            index_elements=key,
+            set_={c.name: lite.excluded[c.name] for c in table.columns if c.name not in key},
+        ),
+        rows,
+    )
+
+
+def insert_ignore(conn: Connection, table: Table, row: dict[str, Any]) -> bool:
+    """Insert one row unless its primary key exists; True when it was inserted."""
+    stmt: Any
+    if conn.dialect.name == POSTGRESQL:
+        stmt = postgresql.insert(table).values(**row).on_conflict_do_nothing()
+    else:
+        stmt = sqlite.insert(table).values(**row).on_conflict_do_nothing()
+    # RETURNING rather than rowcount: drivers do not all report rowcount for INSERT.
+    key = table.primary_key.columns.values()[0]
+    return conn.execute(stmt.returning(key)).first() is not None
+
+
+def _quote(conn: Connection, name: str) -> str:
+    return str(conn.dialect.identifier_preparer.quote(name))
+
+
+def upsert_sql(conn: Connection, table: Table, columns: Sequence[str], source: str) -> str:
+    """`INSERT INTO table (columns) <source> ON CONFLICT (pk) DO UPDATE SET ...` as text."""
+    key = primary_key(table)
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    updates = ", ".join(
+        f"{_quote(conn, c)} = excluded.{_quote(conn, c)}" for c in columns if c not in key
+    )
+    conflict = ", ".join(_quote(conn, c) for c in key)
+    action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    into = f"INSERT INTO {_quote(conn, table.name)} ({cols})"
+    return f"{into} {source} ON CONFLICT ({conflict}) {action}"
+
+
+def bulk_write(
+    conn: Connection,
+    table: Table,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    upsert_rows: bool,
+) -> None:
+    """Write many tuples: executemany on SQLite, COPY on PostgreSQL. With `upsert_rows`, a row
+    whose key exists replaces it (columns must start with the primary key)."""
+    if not rows:
+        return
+    if upsert_rows:
+        rows = dedupe_tuples(table, columns, rows)
+    if conn.dialect.name != POSTGRESQL:
+        _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
+    elif not upsert_rows:
+        _copy(conn, table.name, columns, rows)
+    else:
+        _pg_upsert(conn, table, columns, rows)
+
+
+def _sqlite_write(
+    conn: Connection,
+    table: Table,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    upsert_rows: bool,
+) -> None:
+    values = f"VALUES ({', '.join('?' for _ in columns)})"
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    sql = (
+        upsert_sql(conn, table, columns, values)
+        if upsert_rows
+        else f"INSERT INTO {_quote(conn, table.name)} ({cols}) {values}"
+    )
+    conn.exec_driver_sql(sql, list(rows))
+
+
+def _pg_upsert(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    try:
+        # Optimistic: rows are almost always new (a step re-run after a restart is the exception),
+        # so COPY straight into the table; on a key clash, undo and take the staging path.
+        with conn.begin_nested():
+            _copy(conn, table.name, columns, rows)
+        return
+    except psycopg.errors.UniqueViolation:
+        pass
+    stage = f"_stage_{table.name}"
+    conn.exec_driver_sql(
+        f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
+        f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    )
+    _copy(conn, stage, columns, rows)
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    order = ", ".join(_quote(conn, c) for c in primary_key(table))
+    # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
+    source = f"SELECT {cols} FROM {stage} ORDER BY {order}"
+    conn.exec_driver_sql(upsert_sql(conn, table, columns, source))
+    conn.exec_driver_sql(f"TRUNCATE {stage}")
+
+
+def _copy(
+    conn: Connection, target: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    cols = ", ".join(_quote(conn, c) for c in columns)
+    with driver.cursor() as cursor, cursor.copy(f"COPY {target} ({cols}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)

@@ -1,0 +1,93 @@
+"""The analyzer's streaming hook: a Protocol the collector calls after each committed batch.
+
+`vigil.analyzer.StreamingAnalyzer` implements it (the lead wires it in `create_app`). Calls run on
+one worker thread, in commit order, so an analyzer needs no locks and a slow one never delays an
+acknowledgement. Findings it returns are upserted by id. Must not import the analyzer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol, runtime_checkable
+
+from vigil import schema
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class StreamAnalyzer(Protocol):
+    """What the collector needs from a streaming analyzer."""
+
+    def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
+        """See one committed batch (all record types); return findings to store."""
+        ...
+
+
+@runtime_checkable
+class TickingAnalyzer(StreamAnalyzer, Protocol):
+    """An analyzer that also detects silence (hangs) when no records arrive."""
+
+    def tick(self, now_s: float) -> Sequence[schema.Finding]: ...
+
+
+class AnalyzerRunner:
+    """Feeds an analyzer on one thread and stores what it finds; counts its failures."""
+
+    def __init__(
+        self,
+        analyzer: StreamAnalyzer,
+        *,
+        store_findings: Callable[[Sequence[schema.Finding]], None],
+        on_error: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.analyzer = analyzer
+        self._store_findings = store_findings
+        self._on_error = on_error
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-analyzer")
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Batches and ticks queued but not yet analysed."""
+        return self._pending
+
+    def submit(self, records: Sequence[schema.Record]) -> Future[None]:
+        return self._submit(lambda: self.analyzer.observe(records))
+
+    def tick(self, now_s: float) -> Future[None] | None:
+        analyzer = self.analyzer
+        if not isinstance(analyzer, TickingAnalyzer):
+            return None
+        return self._submit(lambda: analyzer.tick(now_s))
+
+    def _submit(self, call: Callable[[], Sequence[schema.Finding]]) -> Future[None]:
+        with self._lock:
+            self._pending += 1
+        return self._executor.submit(self._run, call)
+
+    def _run(self, call: Callable[[], Sequence[schema.Finding]]) -> None:
+        try:
+            findings = list(call())
+            if findings:
+                self._store_findings(findings)
+        except Exception:  # an analyzer bug must never take ingest down
+            log.exception("streaming analyzer failed; batch stays stored, findings skipped")
+            self._on_error()
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish queued work (bounded by `timeout_s`), then stop the worker."""
+        done = threading.Event()
+        self._executor.submit(done.set)
+        if not done.wait(timeout_s):
+            log.warning(
+                "analyzer still busy after %.1f s at shutdown; dropping its queue", timeout_s
+            )
+        self._executor.shutdown(wait=False, cancel_futures=True)

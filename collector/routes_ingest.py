@@ -1,0 +1,157 @@
+"""POST /api/v1/ingest: decode, check, commit once, acknowledge, then hand to the analyzer.
+
+Acknowledges (200) only after the batch's transaction committed; a batch id seen before is answered
+200 with `duplicate: true` and stored nothing. Decode and validation problems are 4xx naming the
+record type and field (senders never retry those); store trouble is 503 (senders retry).
+Must not block the event loop: decoding and writing run in the thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.responses import Response
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from starlette.concurrency import run_in_threadpool
+
+from vigil import api, codec, schema
+from vigil.collector import auth, validate
+from vigil.collector.context import CollectorContext, json_response
+from vigil.collector.models import ErrorPublic, IngestPublic
+
+log = logging.getLogger(__name__)
+ACCEPTED_MEDIA_TYPES = {api.BATCH_MEDIA_TYPE, "application/octet-stream"}
+RETRY_AFTER_S = "2"
+
+
+def _error(
+    ctx: CollectorContext,
+    code: int,
+    reason: str,
+    detail: str,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    ctx.metrics.rejected_batches.labels(reason=reason).inc()
+    response = json_response({"detail": detail}, status_code=code)
+    response.headers.update(headers or {})
+    return response
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it grows past `limit` (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(ctx: CollectorContext, body: bytes) -> schema.Batch:
+    batch = codec.decode_batch(
+        body,
+        max_bytes=ctx.settings.max_batch_bytes,
+        max_records=ctx.settings.max_batch_records,
+    )
+    validate.check_batch(batch.records)
+    return batch
+
+
+def router(ctx: CollectorContext) -> APIRouter:
+    check = auth.require(auth.Scope.INGEST, ctx.settings)
+    routes = APIRouter(tags=["ingest"])
+    errors: dict[int | str, dict[str, object]] = {
+        code: {"model": ErrorPublic} for code in (401, 403, 413, 415, 422, 503)
+    }
+
+    @routes.post(
+        api.INGEST_PATH,
+        response_model=IngestPublic,
+        responses=errors,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    api.BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}
+                },
+            }
+        },
+    )
+    async def ingest(request: Request) -> Response:
+        """Store one batch framed by `vigil.codec.encode_batch`, exactly once."""
+        try:
+            check(request)
+        except HTTPException as exc:
+            return _error(ctx, exc.status_code, "auth", str(exc.detail), exc.headers)
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media not in ACCEPTED_MEDIA_TYPES:
+            return _error(
+                ctx, 415, "decode", f"Batch.<frame>: content type must be {api.BATCH_MEDIA_TYPE}"
+            )
+        header_id = request.headers.get(api.BATCH_ID_HEADER)
+        if header_id:
+            seen = await run_in_threadpool(ctx.store.batch_seen, header_id)
+            if seen is not None:
+                ctx.metrics.batches.labels(outcome="duplicate").inc()
+                return json_response({"batch_id": header_id, "accepted": seen, "duplicate": True})
+        body = await _read_body(request, ctx.settings.max_batch_bytes)
+        if body is None:
+            return _error(
+                ctx,
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                "too_large",
+                f"Batch.<frame>: body exceeds the {ctx.settings.max_batch_bytes} byte limit",
+            )
+        return await run_in_threadpool(_commit, ctx, body, header_id)
+
+    return routes
+
+
+def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Response:
+    started = time.perf_counter()
+    try:
+        batch = _decode(ctx, body)
+    except codec.DecodeError as exc:
+        too_large = "limit" in exc.problem and exc.field in ("<frame>", "records")
+        return _error(
+            ctx, 413 if too_large else 422, "too_large" if too_large else "decode", str(exc)
+        )
+    if header_id and header_id != batch.batch_id:
+        return _error(
+            ctx,
+            422,
+            "decode",
+            f"Batch.batch_id: header {api.BATCH_ID_HEADER} {header_id!r} does not match the "
+            f"frame's {batch.batch_id!r}",
+        )
+    try:
+        result = ctx.store.ingest(batch)
+    except (DataError, IntegrityError) as exc:  # a value validate.py let through: 4xx, logged
+        log.exception("store refused batch %s", batch.batch_id)
+        detail = f"Batch.<store>: the store refused a value in this batch ({type(exc).__name__})"
+        return _error(ctx, 422, "store", detail)
+    except (DBAPIError, TimeoutError) as exc:  # locked, down, deadlocked: the sender retries
+        log.warning("store unavailable for batch %s: %s", batch.batch_id, exc)
+        detail = f"Batch.<store>: store busy or unavailable, retry ({type(exc).__name__})"
+        response = _error(ctx, 503, "store", detail)
+        response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
+    ctx.metrics.batch_latency.observe(time.perf_counter() - started)
+    if result.duplicate:
+        ctx.metrics.batches.labels(outcome="duplicate").inc()
+    else:
+        ctx.metrics.batches.labels(outcome="committed").inc()
+        for record_type, count in result.counts.items():
+            ctx.metrics.ingested_rows.labels(type=record_type).inc(count)
+        if ctx.runner is not None:
+            ctx.runner.submit(batch.records)
+    return json_response(
+        {"batch_id": result.batch_id, "accepted": result.accepted, "duplicate": result.duplicate}
+    )

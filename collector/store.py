@@ -1,0 +1,187 @@
+"""The collector's store: an engine on SQLite (WAL) or PostgreSQL (psycopg 3), migrated at open.
+
+`Store.ingest` commits one batch and its batch id in one transaction, so a batch is either fully
+stored once or not at all; the caller acknowledges only after it returns. Reads live in `queries`.
+Must not decode frames or call the analyzer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, select, text
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from vigil import schema
+from vigil.collector import dialects, migrate, tables, writes
+
+log = logging.getLogger(__name__)
+
+# A writer waits this long for SQLite's lock or a PostgreSQL row lock before giving up (-> 503).
+LOCK_TIMEOUT_S = 30.0
+# PostgreSQL statements longer than this are cancelled: no request may hold a connection forever.
+STATEMENT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """How to open a store. `url` is a SQLAlchemy URL (sqlite:///path or postgresql+psycopg://)."""
+
+    url: str
+    # FULL: an acknowledged batch survives power loss, not only a crash (WAL fsyncs each commit).
+    sqlite_synchronous: str = "FULL"
+    pool_size: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("sqlite://", "postgresql+psycopg://")):
+            raise ValueError(
+                f"store URL {self.url!r}: use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+            )
+        if self.sqlite_synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(
+                f"sqlite_synchronous {self.sqlite_synchronous!r} is not OFF, NORMAL, FULL or EXTRA"
+            )
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestResult:
+    batch_id: str
+    accepted: int
+    duplicate: bool
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Store:
+    """One database behind the collector; thread-safe (FastAPI runs handlers in a pool)."""
+
+    def __init__(self, config: StoreConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.engine = _create_engine(config)
+        self.dialect = self.engine.dialect.name
+        # SQLite allows one writer; serialising here avoids SQLITE_BUSY retries under load.
+        self._write_lock = threading.Lock() if self.dialect == dialects.SQLITE else None
+
+    def migrate(self) -> str:
+        return migrate.upgrade(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction (committed on exit, rolled back on error)."""
+        if self._write_lock is not None and not self._write_lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise TimeoutError(f"no SQLite write slot within {LOCK_TIMEOUT_S} s")
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        finally:
+            if self._write_lock is not None:
+                self._write_lock.release()
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def batch_seen(self, batch_id: str) -> int | None:
+        """How many records a committed batch held, or None if it was never committed."""
+        with self.read() as conn:
+            return conn.execute(
+                select(tables.batches.c.num_records).where(tables.batches.c.batch_id == batch_id)
+            ).scalar_one_or_none()
+
+    def ingest(self, batch: schema.Batch) -> IngestResult:
+        """Store a decoded batch exactly once; a batch id seen before is a no-op duplicate."""
+        received_s = self.clock()
+        with self.write() as conn:
+            fresh = dialects.insert_ignore(
+                conn,
+                tables.batches,
+                {
+                    "batch_id": batch.batch_id,
+                    "received_s": received_s,
+                    "num_records": len(batch.records),
+                    "source": batch.source,
+                },
+            )
+            counts = (
+                writes.write_records(conn, batch.records, received_s=received_s) if fresh else {}
+            )
+        if not fresh:
+            return IngestResult(
+                batch_id=batch.batch_id, accepted=len(batch.records), duplicate=True
+            )
+        return IngestResult(
+            batch_id=batch.batch_id,
+            accepted=len(batch.records),
+            duplicate=False,
+            counts=counts,
+        )
+
+    def store_findings(self, findings: Sequence[schema.Finding]) -> None:
+        """Upsert findings by id (the analyzer's output)."""
+        if findings:
+            with self.write() as conn:
+                writes.write_records(conn, findings, received_s=self.clock())
+
+    def size_bytes(self) -> int:
+        """Bytes the store occupies on disk (database file + WAL, or the PostgreSQL database)."""
+        if self.dialect == dialects.POSTGRESQL:
+            with self.read() as conn:
+                return int(
+                    conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+                )
+        path = make_url(self.config.url).database or ""
+        return sum(
+            os.path.getsize(p) for p in (path, f"{path}-wal", f"{path}-shm") if os.path.exists(p)
+        )
+
+
+def _create_engine(config: StoreConfig) -> Engine:
+    url = make_url(config.url)
+    if url.get_backend_name() == dialects.SQLITE:
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"timeout": LOCK_TIMEOUT_S, "check_same_thread": False},
+            pool_size=config.pool_size,
+        )
+        event.listen(engine, "connect", _sqlite_pragmas(config.sqlite_synchronous))
+        return engine
+    timeout_ms = int(STATEMENT_TIMEOUT_S * 1000)
+    return create_engine(
+        url,
+        pool_size=config.pool_size,
+        pool_pre_ping=True,
+        pool_timeout=LOCK_TIMEOUT_S,
+        connect_args={
+            "connect_timeout": 10,
+            "options": f"-c statement_timeout={timeout_ms} "
+            f"-c lock_timeout={int(LOCK_TIMEOUT_S * 1000)}",
+        },
+    )
+
+
+def _sqlite_pragmas(synchronous: str) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        # WAL: readers never block the writer, and a crash loses no committed transaction.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return on_connect

@@ -1,0 +1,135 @@
+"""Checks a decoded batch against what the store can hold, before anything is written.
+
+The codec accepts every value the wire schema allows; a store cannot hold NaN in SQLite's NOT NULL
+columns, NUL characters in PostgreSQL text, integers past 64 bits, or a rank so large that its
+heatmap column would not fit in memory. Each problem becomes a `DecodeError` naming the record
+type and field, so the sender gets a 4xx it will not retry. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+from vigil import schema
+from vigil.codec import DecodeError
+
+INT64_MAX = 2**63 - 1
+# 262,144 ranks is above the largest training jobs run today; it bounds a heatmap column at 2 MiB.
+MAX_RANK = 2**18 - 1
+# StepRecord.loss may be NaN or infinite: a diverged run is evidence, stored as unknown (null).
+_NONFINITE_ALLOWED = {("StepRecord", "loss")}
+
+
+def _getter(fields: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    if len(fields) == 1:
+        name = fields[0]
+        return lambda r: (getattr(r, name),)
+    return attrgetter(*fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """Which fields of one record type get which fast check."""
+
+    floats: tuple[str, ...]
+    ints: tuple[str, ...]
+    strings: tuple[str, ...]
+    nested: bool
+
+    def __post_init__(self) -> None:
+        if not (self.floats or self.ints or self.strings or self.nested):
+            raise ValueError("a plan must check at least one field")
+
+
+def _plan(cls: type[msgspec.Struct]) -> _Plan:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    floats, ints, strings = [], [], []
+    nested = False
+    for f in info.fields:
+        kind = f.type
+        if isinstance(kind, mi.FloatType) and (cls.__name__, f.name) not in _NONFINITE_ALLOWED:
+            floats.append(f.name)
+        elif isinstance(kind, mi.IntType):
+            ints.append(f.name)
+        elif isinstance(kind, mi.StrType):
+            strings.append(f.name)
+        elif isinstance(kind, mi.EnumType | mi.BoolType):
+            continue
+        elif (cls.__name__, f.name) not in _NONFINITE_ALLOWED:
+            nested = True  # optional, list or struct fields: checked record by record
+    return _Plan(floats=tuple(floats), ints=tuple(ints), strings=tuple(strings), nested=nested)
+
+
+_PLANS = {cls: _plan(cls) for cls in schema.RECORD_TYPES}
+
+
+def check_batch(records: Sequence[schema.Record]) -> None:
+    """Raise DecodeError for the first record the store could not hold faithfully."""
+    by_type: dict[type, list[Any]] = defaultdict(list)
+    for record in records:
+        by_type[type(record)].append(record)
+    for cls, group in by_type.items():
+        if not _fast_ok(_PLANS[cls], group):
+            # Nested fields, or a fast check that may be a false alarm (a sum overflowing to inf):
+            # look at each record and name the first bad field.
+            for record in group:
+                _check_value(cls.__name__, "", msgspec.structs.asdict(record))
+
+
+def _fast_ok(plan: _Plan, group: list[Any]) -> bool:
+    if plan.nested:
+        return False
+    if plan.floats and not math.isfinite(
+        sum(chain.from_iterable(map(_getter(plan.floats), group)))
+    ):
+        return False
+    if plan.ints:
+        values = list(chain.from_iterable(map(_getter(plan.ints), group)))
+        if max(values) > INT64_MAX or min(values) < -INT64_MAX:
+            return False
+        if "rank" in plan.ints and max(r.rank for r in group) > MAX_RANK:
+            return False
+    return not (
+        plan.strings and "\x00" in "".join(chain.from_iterable(map(_getter(plan.strings), group)))
+    )
+
+
+def _check_value(record_type: str, field: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(record_type, f"{field}.{key}" if field else str(key), item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_value(record_type, f"{field}[{i}]", item)
+    elif isinstance(value, msgspec.Struct):
+        _check_value(record_type, field, msgspec.structs.asdict(value))
+    else:
+        problem = _problem(record_type, field, value)
+        if problem:
+            raise DecodeError(record_type, field, problem)
+
+
+def _problem(record_type: str, field: str, value: object) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) and (record_type, field) not in _NONFINITE_ALLOWED:
+            return f"must be a finite number, got {value}"
+    elif isinstance(value, int):
+        if abs(value) > INT64_MAX:
+            return f"{value} does not fit in a signed 64-bit integer"
+        if field == "rank" and value > MAX_RANK:
+            return f"rank {value} exceeds the collector's limit of {MAX_RANK}"
+    elif isinstance(value, str) and "\x00" in value:
+        return "must not contain NUL characters"
+    return None

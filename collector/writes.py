@@ -1,0 +1,124 @@
+"""Turns one decoded batch into rows and writes them inside the caller's transaction.
+
+High-volume records (step records, collective aggregates and events, heartbeats, samples) go
+through `dialects.bulk_write` (executemany on SQLite, COPY on PostgreSQL); the rest are upserted
+by their ids with SQLAlchemy Core. Must not commit, decode or call the analyzer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+from sqlalchemy import Table
+from sqlalchemy.engine import Connection
+
+from vigil import schema
+from vigil.collector import dialects, matrix, tables
+
+STEP_COLUMNS = matrix.STEP_COLUMNS
+_step_row = attrgetter(*STEP_COLUMNS)
+AGG_COLUMNS = [c.name for c in tables.coll_aggs.columns]
+_agg_row = attrgetter(*(("group" if c == "group_name" else c) for c in AGG_COLUMNS))
+EVENT_COLUMNS = [c.name for c in tables.coll_events.columns]
+_event_row = attrgetter(*(("group" if c == "group_name" else c) for c in EVENT_COLUMNS[:-1]))
+HEARTBEAT_COLUMNS = [c.name for c in tables.heartbeats.columns if c.name != "id"]
+SAMPLE_COLUMNS = [c.name for c in tables.samples.columns if c.name != "id"]
+_sample_row = attrgetter(*SAMPLE_COLUMNS[:-1])
+
+
+def write_records(
+    conn: Connection, records: Sequence[schema.Record], *, received_s: float
+) -> dict[str, int]:
+    """Store every record of one batch (the caller's transaction makes it all-or-nothing);
+    return how many records of each wire type (`step`, `sample`, ...) it held."""
+    by_type: dict[type, list[Any]] = defaultdict(list)
+    for record in records:
+        by_type[type(record)].append(record)
+    for record_type, group in by_type.items():
+        _WRITERS[record_type](conn, group, received_s)
+    return {_TAGS[t]: len(group) for t, group in by_type.items()}
+
+
+def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
+    rows = list(map(_step_row, records))
+    dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, rows, upsert_rows=True)
+    matrix.write(conn, rows)
+
+
+def _aggs(conn: Connection, records: list[schema.CollectiveAggregate], received_s: float) -> None:
+    rows = [_agg_row(r) for r in records]
+    dialects.bulk_write(conn, tables.coll_aggs, AGG_COLUMNS, rows, upsert_rows=True)
+
+
+def _events(conn: Connection, records: list[schema.CollectiveEvent], received_s: float) -> None:
+    rows = [(*_event_row(r), received_s) for r in records]
+    dialects.bulk_write(conn, tables.coll_events, EVENT_COLUMNS, rows, upsert_rows=True)
+
+
+def _heartbeats(conn: Connection, records: list[schema.Heartbeat], received_s: float) -> None:
+    rows = [
+        (
+            r.job_id,
+            r.rank,
+            r.time_s,
+            r.last_step,
+            r.last_group,
+            r.last_seq,
+            r.last_op,
+            r.state.value,
+            received_s,
+        )
+        for r in records
+    ]
+    dialects.bulk_write(conn, tables.heartbeats, HEARTBEAT_COLUMNS, rows, upsert_rows=False)
+
+
+def _samples(conn: Connection, records: list[schema.Sample], received_s: float) -> None:
+    rows = [(*_sample_row(r), received_s) for r in records]
+    dialects.bulk_write(conn, tables.samples, SAMPLE_COLUMNS, rows, upsert_rows=False)
+
+
+def _as_row(record: msgspec.Struct, **extra: Any) -> dict[str, Any]:
+    """A record's fields as builtins (enums to values, nested structs to dicts)."""
+    row: dict[str, Any] = msgspec.to_builtins(msgspec.structs.asdict(record))
+    row.update(extra)
+    return row
+
+
+def _jobs(conn: Connection, records: list[schema.Job], received_s: float) -> None:
+    rows = [_as_row(r, updated_s=received_s) for r in records]
+    for row in rows:
+        row.setdefault("model", None)
+    dialects.upsert(conn, tables.jobs, rows)
+
+
+def _upserter(table: Table) -> Callable[[Connection, list[Any], float], None]:
+    def write(conn: Connection, records: list[Any], received_s: float) -> None:
+        dialects.upsert(conn, table, [_as_row(r) for r in records])
+
+    return write
+
+
+def _diags(conn: Connection, records: list[schema.DiagResult], received_s: float) -> None:
+    conn.execute(tables.diag_results.insert(), [_as_row(r) for r in records])
+
+
+_WRITERS: dict[type, Callable[[Connection, list[Any], float], None]] = {
+    schema.StepRecord: _steps,
+    schema.CollectiveAggregate: _aggs,
+    schema.CollectiveEvent: _events,
+    schema.Heartbeat: _heartbeats,
+    schema.Sample: _samples,
+    schema.Job: _jobs,
+    schema.RankInfo: _upserter(tables.ranks),
+    schema.Finding: _upserter(tables.findings),
+    schema.Action: _upserter(tables.actions),
+    schema.Checkpoint: _upserter(tables.checkpoints),
+    schema.DiagResult: _diags,
+}
+assert set(_WRITERS) == set(schema.RECORD_TYPES), "every wire record type has a writer"
+_TAGS: dict[type, str] = {cls: tag for tag, cls in schema.RECORD_TAGS.items()}
