@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from vigil import schema
 from vigil.analyzer import config as config_mod
 from vigil.analyzer import findings
@@ -97,12 +99,21 @@ def find_culprits(
 
 
 def _deepest_wait(waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]) -> Wait:
-    """The collective the culprits should have entered: a wait in a group they belong to."""
-    for wait in sorted(waits, key=lambda w: (w.group, w.seq)):
+    """The collective the culprits should have entered: the wait they block most directly.
+
+    Among the collectives ranks wait in, pick one a culprit has not entered with the fewest
+    members missing (a hang in a node's tensor-parallel group also stalls the data-parallel
+    all-reduce; the tensor-parallel collective is the one to name).
+    """
+    best, best_missing = waits[0], None
+    for wait in {(w.group, w.seq): w for w in waits}.values():
         members = seqs.get(wait.group, {})
-        if any(c in members and members[c] < wait.seq for c in culprits):
-            return wait
-    return waits[0]
+        missing = [m for m, seq in members.items() if seq < wait.seq]
+        if not culprits.intersection(missing):
+            continue
+        if best_missing is None or len(missing) < best_missing:
+            best, best_missing = wait, len(missing)
+    return best
 
 
 class HangTracker:
@@ -223,8 +234,6 @@ class HangTracker:
 
 
 def _resolved(finding: schema.Finding, last_step: int) -> schema.Finding:
-    import msgspec
-
     return msgspec.structs.replace(
         finding, state=schema.FindingState.RESOLVED, step_end=max(finding.step_end, last_step)
     )

@@ -70,8 +70,8 @@ def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
         if drops and first < drops[-1].change_row + cfg.baseline_steps + cfg.recent_steps:
             continue  # the same episode: the baseline window still holds the old level
         lo = max(0, first - cfg.recent_steps - cfg.baseline_steps + 1)
-        change = _best_split(series[lo : first + 1]) + lo
         level = float(before[first])
+        change = _change_point(series[lo : first + 1], level * (1.0 - cfg.min_drop / 2)) + lo
         recovered = np.flatnonzero(series[change:] >= level * (1.0 - cfg.min_drop / 2))
         end = change + int(recovered[0]) - 1 if recovered.size else series.size - 1
         drops.append(
@@ -87,18 +87,15 @@ def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
     return drops
 
 
-def _best_split(values: F64) -> int:
-    """Index of the first value of the lower segment that best splits `values` in two means."""
-    v = np.nan_to_num(values, nan=float(np.nanmedian(values)))
-    n = v.size
-    if n < 2:
-        return 0
-    csum = np.cumsum(v)
-    k = np.arange(1, n)
-    left = csum[:-1] / k
-    right = (csum[-1] - csum[:-1]) / (n - k)
-    gain = k * (n - k) / n * (left - right) ** 2 * np.sign(left - right)
-    return int(np.argmax(gain)) + 1
+def _change_point(values: F64, low: float) -> int:
+    """The earliest index from which at least 75 % of the values stay below `low`.
+
+    Robust to isolated slow steps before the real change (a mean-based split is pulled to them).
+    """
+    below = np.nan_to_num(values, nan=np.inf) < low
+    tail_share = np.cumsum(below[::-1])[::-1] / np.arange(values.size, 0, -1)
+    ok = np.flatnonzero((tail_share >= 0.75) & below)
+    return int(ok[0]) if ok.size else values.size - 1
 
 
 def detect(a: arrays_mod.StepArrays, cfg: config_mod.MfuConfig) -> list[schema.Finding]:
@@ -138,6 +135,8 @@ def attribute(
 
     def delta(values: robust.FloatArray, reduce: str) -> tuple[float, float]:
         fn = np.nanmax if reduce == "max" else np.nanmedian
+        if not np.isfinite(values[before]).any() or not np.isfinite(values[after]).any():
+            return 0.0, 0.0
         with np.errstate(all="ignore"):
             x, y = float(np.nanmedian(fn(values[before], axis=1))), float(np.nanmedian(fn(values[after], axis=1)))
         return (0.0 if np.isnan(x) else x), (0.0 if np.isnan(y) else y)
