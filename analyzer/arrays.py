@@ -86,15 +86,18 @@ class StepArrays:
     def job_mfu(self) -> npt.NDArray[np.float64]:
         """Per-step MFU of the job (mean over ranks); falls back to throughput when MFU is 0."""
         with np.errstate(all="ignore"):
-            mfu = np.nanmean(self.mfu, axis=1, dtype=np.float64)
+            mfu: npt.NDArray[np.float64] = np.nanmean(self.mfu, axis=1, dtype=np.float64)
             if np.nansum(mfu) > 0:
                 return mfu
             tokens = np.nansum(self.tokens, axis=1, dtype=np.float64)
             time = np.nanmax(self.step_time_s, axis=1).astype(np.float64)
-            return np.where(time > 0, tokens / time, np.nan)
+            rate: npt.NDArray[np.float64] = np.where(time > 0, tokens / time, np.nan)
+            return rate
 
 
-def stages_for_layout(layout: schema.ParallelLayout, world_size: int) -> npt.NDArray[np.int32] | None:
+def stages_for_layout(
+    layout: schema.ParallelLayout, world_size: int
+) -> npt.NDArray[np.int32] | None:
     """Pipeline stage of each rank, with Megatron's default order (pipeline is the slowest dim)."""
     if layout.pp <= 1 or world_size % layout.pp:
         return None
@@ -140,7 +143,17 @@ def _assemble(
 ) -> StepArrays:
     raw = np.array(
         [
-            (s.rank, s.step, s.start_s, s.end_s, s.data_s, s.comm_wait_s, s.tokens, s.mfu, s.model_flops)
+            (
+                s.rank,
+                s.step,
+                s.start_s,
+                s.end_s,
+                s.data_s,
+                s.comm_wait_s,
+                s.tokens,
+                s.mfu,
+                s.model_flops,
+            )
             for s in steps
         ],
         dtype=np.float64,

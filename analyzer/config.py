@@ -16,7 +16,7 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerConfig:
-    """When a rank's per-step compute, data or transfer time counts as an outlier, and for how long."""
+    """When a rank's compute, data or transfer time is an outlier, and for how long."""
 
     # Robust z (median/MAD) above which a rank is an outlier at one step; 4 keeps clean jobs of
     # 1,000+ ranks quiet while a 10 % slowdown with 2 % jitter still scores ~5.

@@ -98,7 +98,9 @@ def find_culprits(
     )
 
 
-def _deepest_wait(waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]) -> Wait:
+def _deepest_wait(
+    waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]
+) -> Wait:
     """The collective the culprits should have entered: the wait they block most directly.
 
     Among the collectives ranks wait in, pick one a culprit has not entered with the fewest
@@ -193,8 +195,13 @@ class HangTracker:
         culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
         median = statistics.median(self._step_times) if self._step_times else 0.0
         ev = [
-            findings.evidence("seconds_without_progress", silent, threshold, unit="s",
-                              note="baseline = learned hang threshold"),
+            findings.evidence(
+                "seconds_without_progress",
+                silent,
+                threshold,
+                unit="s",
+                note="baseline = learned hang threshold",
+            ),
             findings.evidence("median_step_time", median, unit="s"),
         ]
         if culprits is None:
@@ -207,11 +214,15 @@ class HangTracker:
         else:
             subjects = schema.Subjects(ranks=list(culprits.ranks))
             entered = [self._seqs.get(culprits.group, {}).get(r, -1) for r in culprits.ranks]
-            ev.append(findings.evidence(
-                "culprit_last_seq", min(entered), culprits.seq, note=f"group {culprits.group}"
-            ))
+            ev.append(
+                findings.evidence(
+                    "culprit_last_seq", min(entered), culprits.seq, note=f"group {culprits.group}"
+                )
+            )
             ev.append(findings.evidence("ranks_waiting", culprits.num_waiting))
-            shown = ", ".join(map(str, culprits.ranks[:8])) + ("..." if len(culprits.ranks) > 8 else "")
+            shown = ", ".join(map(str, culprits.ranks[:8])) + (
+                "..." if len(culprits.ranks) > 8 else ""
+            )
             summary = (
                 f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
                 f"#{culprits.seq} of group {culprits.group!r} that {culprits.num_waiting} rank(s) "

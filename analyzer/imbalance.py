@@ -23,14 +23,18 @@ MIN_TOKEN_SPREAD = 0.2
 MIN_CORRELATION = 0.7
 
 
-def stage_findings(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> list[schema.Finding]:
+def stage_findings(
+    a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
+) -> list[schema.Finding]:
     """A finding per pipeline stage whose median compute is persistently above the others'."""
     if a.stages is None or np.unique(a.stages).size < 2:
         return []
     stage_ids = np.unique(a.stages)
     compute = a.compute_s()
     with np.errstate(all="ignore"):
-        per_stage = np.stack([np.nanmedian(compute[:, a.stages == s], axis=1) for s in stage_ids], axis=1)
+        per_stage = np.stack(
+            [np.nanmedian(compute[:, a.stages == s], axis=1) for s in stage_ids], axis=1
+        )
         center = np.nanmedian(per_stage, axis=1, keepdims=True)
         ratio = per_stage / center
     flags = ratio > 1.0 + 2 * cfg.min_excess
@@ -74,8 +78,12 @@ def seqlen_finding(a: arrays_mod.StepArrays) -> schema.Finding | None:
         warnings.simplefilter("ignore", RuntimeWarning)
         p10, p50, p90 = np.nanpercentile(tokens, [10, 50, 90], axis=1)
         spread = np.nanmedian((p90 - p10) / p50)
-        tz = (tokens - np.nanmean(tokens, axis=1, keepdims=True)) / np.nanstd(tokens, axis=1, keepdims=True)
-        cz = (compute - np.nanmean(compute, axis=1, keepdims=True)) / np.nanstd(compute, axis=1, keepdims=True)
+        tz = (tokens - np.nanmean(tokens, axis=1, keepdims=True)) / np.nanstd(
+            tokens, axis=1, keepdims=True
+        )
+        cz = (compute - np.nanmean(compute, axis=1, keepdims=True)) / np.nanstd(
+            compute, axis=1, keepdims=True
+        )
         corr = float(np.nanmedian(np.nanmean(tz * cz, axis=1)))
         c10, c50, c90 = np.nanpercentile(compute, [10, 50, 90], axis=1)
         compute_spread = float(np.nanmedian((c90 - c10) / c50))
@@ -103,4 +111,6 @@ def seqlen_finding(a: arrays_mod.StepArrays) -> schema.Finding | None:
 
 def _varies(values: robust.FloatArray) -> bool:
     finite = values[np.isfinite(values)]
-    return bool(finite.size) and float(finite.max()) > float(finite.min()) and float(finite.max()) > 0
+    return (
+        bool(finite.size) and float(finite.max()) > float(finite.min()) and float(finite.max()) > 0
+    )

@@ -103,10 +103,31 @@ class NcclMeta:
 
 
 _DTYPE_BYTES = {
-    "float": 4, "f32": 4, "float32": 4, "half": 2, "f16": 2, "float16": 2, "bfloat16": 2,
-    "bf16": 2, "double": 8, "f64": 8, "int": 4, "i32": 4, "int32": 4, "long": 8, "i64": 8,
-    "int64": 8, "byte": 1, "char": 1, "int8_t": 1, "i8": 1, "u8": 1, "uint8_t": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float": 4,
+    "f32": 4,
+    "float32": 4,
+    "half": 2,
+    "f16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "double": 8,
+    "f64": 8,
+    "int": 4,
+    "i32": 4,
+    "int32": 4,
+    "long": 8,
+    "i64": 8,
+    "int64": 8,
+    "byte": 1,
+    "char": 1,
+    "int8_t": 1,
+    "i8": 1,
+    "u8": 1,
+    "uint8_t": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 _ALGOS = {"RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT"}
 _PROTOS = {"LL", "LL128", "SIMPLE"}
@@ -200,7 +221,9 @@ def parse(data: bytes, *, path: str = "<bytes>", rank: int | None = None) -> Kin
     if rank < 0:
         match = _RANK_IN_NAME.search(Path(path).name)
         rank = int(match.group(1)) if match else 0
-    return _select(doc.traceEvents, path, rank, _int(info.get("world_size"), 0), str(info.get("backend", "")))
+    return _select(
+        doc.traceEvents, path, rank, _int(info.get("world_size"), 0), str(info.get("backend", ""))
+    )
 
 
 def _distributed_info(raw: Any) -> dict[str, Any]:
@@ -293,4 +316,12 @@ def _arrays(
     )
 
 
-__all__ = ["KinetoTrace", "NcclMeta", "TraceError", "kernel_type", "load", "parse", "parse_nccl_name"]
+__all__ = [
+    "KinetoTrace",
+    "NcclMeta",
+    "TraceError",
+    "kernel_type",
+    "load",
+    "parse",
+    "parse_nccl_name",
+]

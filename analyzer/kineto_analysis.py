@@ -87,14 +87,22 @@ class Breakdown:
 def temporal_breakdown(trace: kineto.KinetoTrace) -> Breakdown:
     starts, ends = merge_intervals(trace.ts, trace.end)
     if starts.size == 0:
-        return Breakdown(rank=trace.rank, idle_us=0.0, compute_us=0.0, non_compute_us=0.0, span_us=0.0)
+        return Breakdown(
+            rank=trace.rank, idle_us=0.0, compute_us=0.0, non_compute_us=0.0, span_us=0.0
+        )
     span = float(ends[-1] - starts[0])
     busy = float(np.sum(ends - starts))
     comp = trace.ktype == kineto.COMPUTATION
     cs, ce = merge_intervals(trace.ts[comp], trace.end[comp])
     compute = float(np.sum(ce - cs))
     idle = span - busy
-    return Breakdown(rank=trace.rank, idle_us=idle, compute_us=compute, non_compute_us=span - compute - idle, span_us=span)
+    return Breakdown(
+        rank=trace.rank,
+        idle_us=idle,
+        compute_us=compute,
+        non_compute_us=span - compute - idle,
+        span_us=span,
+    )
 
 
 def comm_comp_overlap_pct(trace: kineto.KinetoTrace) -> float:
@@ -105,7 +113,11 @@ def comm_comp_overlap_pct(trace: kineto.KinetoTrace) -> float:
     comm_time = float(np.sum(comm_u[1] - comm_u[0]))
     if comm_time <= 0:
         return 0.0
-    return 100.0 * intersection_length(comm_u, merge_intervals(trace.ts[comp], trace.end[comp])) / comm_time
+    return (
+        100.0
+        * intersection_length(comm_u, merge_intervals(trace.ts[comp], trace.end[comp]))
+        / comm_time
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +176,15 @@ def collectives(trace: kineto.KinetoTrace) -> list[Collective]:
         if is_point_to_point(meta.op):
             continue
         key = (meta.group, meta.op)
-        out.append(Collective(rank=trace.rank, index=seen[key], meta=meta, ts=float(trace.ts[i]), end=float(trace.end[i])))
+        out.append(
+            Collective(
+                rank=trace.rank,
+                index=seen[key],
+                meta=meta,
+                ts=float(trace.ts[i]),
+                end=float(trace.end[i]),
+            )
+        )
         seen[key] += 1
     return out
 
@@ -188,7 +208,9 @@ class Lag:
     median_lateness_us: float  # median start delay vs the earliest member
 
 
-def _matched(per_rank: dict[int, list[Collective]]) -> dict[tuple[str, str, int], dict[int, Collective]]:
+def _matched(
+    per_rank: dict[int, list[Collective]],
+) -> dict[tuple[str, str, int], dict[int, Collective]]:
     table: dict[tuple[str, str, int], dict[int, Collective]] = defaultdict(dict)
     for rank, items in per_rank.items():
         for c in items:
@@ -210,10 +232,14 @@ def align_clocks(traces: Sequence[kineto.KinetoTrace]) -> Alignment | None:
         diffs = np.array([m[rank].end - m[ref].end for m in matched.values()])
         offsets[rank] = float(np.median(diffs))
         residual[rank] = float(np.median(np.abs(diffs - offsets[rank])))
-    return Alignment(reference_rank=ref, offsets_us=offsets, residual_us=residual, matched=len(matched))
+    return Alignment(
+        reference_rank=ref, offsets_us=offsets, residual_us=residual, matched=len(matched)
+    )
 
 
-def lagging_ranks(traces: Sequence[kineto.KinetoTrace], alignment: Alignment | None = None) -> list[Lag]:
+def lagging_ranks(
+    traces: Sequence[kineto.KinetoTrace], alignment: Alignment | None = None
+) -> list[Lag]:
     """Per rank: how often it starts matched collectives last, after clock alignment."""
     alignment = alignment or align_clocks(traces)
     if alignment is None:
@@ -221,10 +247,16 @@ def lagging_ranks(traces: Sequence[kineto.KinetoTrace], alignment: Alignment | N
     per_rank = {t.rank: collectives(t) for t in traces if t.nccl}
     matched = _matched(per_rank)
     ranks = sorted(per_rank)
-    starts = np.array([[m[r].ts - alignment.offsets_us[r] for r in ranks] for m in matched.values()])
+    starts = np.array(
+        [[m[r].ts - alignment.offsets_us[r] for r in ranks] for m in matched.values()]
+    )
     late = starts - starts.min(axis=1, keepdims=True)
     last = np.argmax(starts, axis=1)
     return [
-        Lag(rank=r, last_share=float(np.mean(last == j)), median_lateness_us=float(np.median(late[:, j])))
+        Lag(
+            rank=r,
+            last_share=float(np.mean(last == j)),
+            median_lateness_us=float(np.median(late[:, j])),
+        )
         for j, r in enumerate(ranks)
     ]

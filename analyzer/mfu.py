@@ -35,8 +35,13 @@ class Drop:
     z: float
 
 
-def drop_flags(series: F64, cfg: config_mod.MfuConfig) -> tuple[npt.NDArray[np.bool_], F64, F64, F64]:
-    """Per index: is the recent window a significant drop below its baseline? (flags, before, after, z)."""
+def drop_flags(
+    series: F64, cfg: config_mod.MfuConfig
+) -> tuple[npt.NDArray[np.bool_], F64, F64, F64]:
+    """Per index: is the recent window a significant drop below its baseline?
+
+    Returns (flags, baseline level, recent level, z) arrays.
+    """
     b, r = cfg.baseline_steps, cfg.recent_steps
     n = series.size
     flags = np.zeros(n, dtype=bool)
@@ -62,7 +67,7 @@ def drop_flags(series: F64, cfg: config_mod.MfuConfig) -> tuple[npt.NDArray[np.b
 
 def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
     """Every sustained drop in `series`, each with its refined change point."""
-    flags, before, after, z = drop_flags(series, cfg)
+    flags, before, _after, z = drop_flags(series, cfg)
     drops: list[Drop] = []
     for first, last in robust.runs(flags):
         if last - first + 1 < cfg.recent_steps:
@@ -81,7 +86,7 @@ def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
                 end_row=max(end, last - cfg.baseline_steps),
                 before=level,
                 after=float(np.nanmedian(series[change : first + 1])),
-                z=float(z[first:last + 1].max()),
+                z=float(z[first : last + 1].max()),
             )
         )
     return drops
@@ -110,14 +115,17 @@ def drop_finding(
 ) -> schema.Finding:
     cause, subjects, ev, note = attribute(a, drop.change_row, cfg)
     pct = 1.0 - drop.after / drop.before if drop.before else 0.0
-    ev.insert(0, findings.evidence(metric, drop.after, drop.before, note=f"drop {pct:.1%}; z {drop.z:.1f}"))
+    ev.insert(
+        0,
+        findings.evidence(metric, drop.after, drop.before, note=f"drop {pct:.1%}; z {drop.z:.1f}"),
+    )
     return findings.make_finding(
         kind=schema.FindingKind.MFU_DROP,
         job_id=a.job_id,
         subjects=subjects,
         step_start=int(a.steps[drop.change_row]),
         step_end=int(a.steps[min(drop.end_row, a.num_steps - 1)]),
-        summary=f"{metric} dropped {pct:.1%} at step {int(a.steps[drop.change_row])}: {cause}{note}",
+        summary=f"{metric} dropped {pct:.1%} at step {a.steps[drop.change_row]}: {cause}{note}",
         evidence=ev,
         confidence=min(0.95, 0.6 + 0.03 * drop.z),
         detected_s=float(np.nan_to_num(a.step_end_s[drop.detect_row])),
@@ -128,7 +136,7 @@ def drop_finding(
 def attribute(
     a: arrays_mod.StepArrays, change: int, cfg: config_mod.MfuConfig
 ) -> tuple[str, schema.Subjects, list[schema.Evidence], str]:
-    """Which component of step time grew across the change point (cause, subjects, evidence, note)."""
+    """Which part of step time grew across the change: (cause, subjects, evidence, note)."""
     before = slice(max(0, change - cfg.baseline_steps), change)
     after = slice(change, min(a.num_steps, change + cfg.recent_steps))
     compute = a.compute_s()
@@ -138,7 +146,10 @@ def attribute(
         if not np.isfinite(values[before]).any() or not np.isfinite(values[after]).any():
             return 0.0, 0.0
         with np.errstate(all="ignore"):
-            x, y = float(np.nanmedian(fn(values[before], axis=1))), float(np.nanmedian(fn(values[after], axis=1)))
+            x, y = (
+                float(np.nanmedian(fn(values[before], axis=1))),
+                float(np.nanmedian(fn(values[after], axis=1))),
+            )
         return (0.0 if np.isnan(x) else x), (0.0 if np.isnan(y) else y)
 
     parts = {
@@ -152,30 +163,51 @@ def attribute(
     cause = max(growth, key=lambda k: growth[k])
     ev = [
         findings.evidence(
-            {"data loading": "data_time", "compute on every rank": "compute_time",
-             "a straggler": "max_compute_time", "communication": "max_transfer_time"}[k],
-            v[1], v[0], unit="s",
+            {
+                "data loading": "data_time",
+                "compute on every rank": "compute_time",
+                "a straggler": "max_compute_time",
+                "communication": "max_transfer_time",
+            }[k],
+            v[1],
+            v[0],
+            unit="s",
         )
         for k, v in parts.items()
     ]
     subjects = schema.Subjects()
     if cause == "a straggler":
         col = int(np.nanargmax(np.nanmedian(compute[after], axis=0)))
-        subjects = schema.Subjects(ranks=[int(a.ranks[col])], nodes=[a.nodes[col]] if a.nodes[col] else [])
+        subjects = schema.Subjects(
+            ranks=[int(a.ranks[col])], nodes=[a.nodes[col]] if a.nodes[col] else []
+        )
     throttled = _throttled_columns(a, before, after)
     if throttled.size and cause in ("a straggler", "compute on every rank"):
         ranks = [int(a.ranks[c]) for c in throttled]
         nodes = sorted({a.nodes[c] for c in throttled if a.nodes[c]})
         subjects = schema.Subjects(ranks=ranks[:64], nodes=nodes[:64])
-        ev.append(findings.evidence("throttled_gpus", float(throttled.size), note="NVML clocks down or throttle reason"))
-        return "GPU throttling", subjects, ev, f" ({throttled.size} GPU(s) on {', '.join(nodes[:4]) or 'unknown nodes'})"
-    label = {"data loading": "data stall", "communication": "communication slowdown"}.get(cause, cause)
+        ev.append(
+            findings.evidence(
+                "throttled_gpus", float(throttled.size), note="NVML clocks down or throttle reason"
+            )
+        )
+        return (
+            "GPU throttling",
+            subjects,
+            ev,
+            f" ({throttled.size} GPU(s) on {', '.join(nodes[:4]) or 'unknown nodes'})",
+        )
+    label = {"data loading": "data stall", "communication": "communication slowdown"}.get(
+        cause, cause
+    )
     if cause == "compute on every rank":
         label = "compute slowdown on every rank"
     return label, subjects, ev, ""
 
 
-def _throttled_columns(a: arrays_mod.StepArrays, before: slice, after: slice) -> npt.NDArray[np.intp]:
+def _throttled_columns(
+    a: arrays_mod.StepArrays, before: slice, after: slice
+) -> npt.NDArray[np.intp]:
     hit = np.zeros(a.num_ranks, dtype=bool)
     if a.throttled is not None:
         hit |= np.nanmax(a.throttled[after], axis=0, initial=0.0) > 0

@@ -99,5 +99,7 @@ def persistent_episodes(
         if reached.size == 0:
             continue
         flagged = np.flatnonzero(flags[first : last + 1])
-        episodes.append((first + int(flagged[0]), first + int(flagged[-1]), first + int(reached[0])))
+        episodes.append(
+            (first + int(flagged[0]), first + int(flagged[-1]), first + int(reached[0]))
+        )
     return episodes

@@ -385,7 +385,11 @@ def _has(cfg: ScenarioConfig, kind: FaultKind) -> bool:
 def _hang_truth(cfg: ScenarioConfig, fault: Fault, onset_s: float) -> HangTruth:
     s, c = fault.start_step, fault.collective
     if c < cfg.tp_collectives:
-        group, seq, op = f"tp{cfg.node_of(fault.rank)}", s * cfg.tp_collectives + c + 1, "all_gather"
+        group, seq, op = (
+            f"tp{cfg.node_of(fault.rank)}",
+            s * cfg.tp_collectives + c + 1,
+            "all_gather",
+        )
     else:
         group, seq, op = "dp", s + 1, "all_reduce"
     return HangTruth(step=s, rank=fault.rank, group=group, seq=seq, op=op, onset_s=onset_s)

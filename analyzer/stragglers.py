@@ -42,10 +42,18 @@ class Scores:
     seqlen_explained: robust.BoolArray
 
     def flags(self, kind: schema.FindingKind) -> robust.BoolArray:
-        return {Kind.STRAGGLER: self.compute, Kind.DATA_STALL: self.data, Kind.SLOW_LINK: self.transfer}[kind]
+        return {
+            Kind.STRAGGLER: self.compute,
+            Kind.DATA_STALL: self.data,
+            Kind.SLOW_LINK: self.transfer,
+        }[kind]
 
     def z(self, kind: schema.FindingKind) -> robust.FloatArray:
-        return {Kind.STRAGGLER: self.compute_z, Kind.DATA_STALL: self.data_z, Kind.SLOW_LINK: self.transfer_z}[kind]
+        return {
+            Kind.STRAGGLER: self.compute_z,
+            Kind.DATA_STALL: self.data_z,
+            Kind.SLOW_LINK: self.transfer_z,
+        }[kind]
 
 
 RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL, Kind.SLOW_LINK)
@@ -53,22 +61,30 @@ RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL, Kind.SLOW_LINK)
 
 def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> Scores:
     """Score every step of `a` (works for one row as well as thousands)."""
-    opts = {"z_threshold": cfg.z_threshold, "min_excess": cfg.min_excess, "scale_floor": cfg.scale_floor}
+    z, excess, floor = cfg.z_threshold, cfg.min_excess, cfg.scale_floor
+
+    def outliers(
+        values: robust.FloatArray, groups: npt.NDArray[np.int32] | None = None
+    ) -> tuple[robust.BoolArray, robust.FloatArray, robust.FloatArray]:
+        return robust.high_outliers(
+            values, z_threshold=z, min_excess=excess, scale_floor=floor, groups=groups
+        )
+
     compute = a.compute_s()
-    c_flags, c_z, c_med = robust.high_outliers(compute, groups=a.stages, **opts)
+    c_flags, c_z, c_med = outliers(compute, a.stages)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
-        t_flags, _, _ = robust.high_outliers(a.tokens, groups=a.stages, **opts)
+        t_flags, _, _ = outliers(a.tokens, a.stages)
         with np.errstate(all="ignore"):
             per_token = compute / np.where(a.tokens > 0, a.tokens, np.nan)
-        p_flags, _, _ = robust.high_outliers(per_token, groups=a.stages, **opts)
+        p_flags, _, _ = outliers(per_token, a.stages)
         explained = c_flags & t_flags & ~p_flags
         c_flags = c_flags & ~explained
-    d_flags, d_z, _ = robust.high_outliers(a.data_s, **opts)
+    d_flags, d_z, _ = outliers(a.data_s)
     with np.errstate(invalid="ignore"):
         d_flags &= a.data_s > cfg.min_data_share * a.step_time_s
     if np.isfinite(a.transfer_s).any():
-        x_flags, x_z, _ = robust.high_outliers(a.transfer_s, **opts)
+        x_flags, x_z, _ = outliers(a.transfer_s)
     else:
         x_flags, x_z = np.zeros_like(c_flags), np.zeros_like(c_z)
     # A rank slowed by its own data loader is not also a compute straggler.
@@ -100,7 +116,9 @@ def detect(
         flags = scores.flags(kind)
         hits = robust.rolling_hits(flags, cfg.window)
         for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)):
-            for first, last, at in robust.persistent_episodes(flags[:, col], hits[:, col], cfg.min_hits):
+            for first, last, at in robust.persistent_episodes(
+                flags[:, col], hits[:, col], cfg.min_hits
+            ):
                 if kind is Kind.SLOW_LINK:
                     link_episodes.append((int(col), first, last, at))
                 else:
@@ -129,8 +147,15 @@ def rank_finding(
     with np.errstate(all="ignore"):
         baseline = float(np.nanmedian(np.nanmedian(values[rows], axis=1)))
     ev = [
-        findings.evidence(label, observed, baseline, unit="s", note=f"median over steps; robust z {z:.1f}"),
-        findings.evidence("outlier_steps", int(flags.sum()), float(last - first + 1), note="flagged / steps in range"),
+        findings.evidence(
+            label, observed, baseline, unit="s", note=f"median over steps; robust z {z:.1f}"
+        ),
+        findings.evidence(
+            "outlier_steps",
+            int(flags.sum()),
+            float(last - first + 1),
+            note="flagged / steps in range",
+        ),
     ]
     note = ""
     if kind is Kind.STRAGGLER:
@@ -138,8 +163,14 @@ def rank_finding(
         note = _throttle_note(a, rows, col, ev)
     ratio = observed / baseline if baseline > 0 else float("inf")
     node = a.nodes[col]
-    what = {Kind.STRAGGLER: "compute straggler", Kind.DATA_STALL: "data-loader stall", Kind.SLOW_LINK: "slow link"}[kind]
-    summary = f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
+    what = {
+        Kind.STRAGGLER: "compute straggler",
+        Kind.DATA_STALL: "data-loader stall",
+        Kind.SLOW_LINK: "slow link",
+    }[kind]
+    summary = (
+        f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
+    )
     return findings.make_finding(
         kind=kind,
         job_id=a.job_id,
@@ -148,7 +179,8 @@ def rank_finding(
         step_end=int(a.steps[last]),
         summary=summary,
         evidence=ev,
-        confidence=findings.confidence_from_z(z, int(flags.sum()), cfg.window) + (0.05 if note else 0.0),
+        confidence=findings.confidence_from_z(z, int(flags.sum()), cfg.window)
+        + (0.05 if note else 0.0),
         detected_s=_time_at(a, at),
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
@@ -177,8 +209,15 @@ def _arrival_evidence(a: arrays_mod.StepArrays, rows: slice, col: int) -> list[s
     with np.errstate(all="ignore"):
         wait_med = float(np.nanmedian(np.nanmedian(a.comm_wait_s[rows], axis=1)))
     return [
-        findings.evidence("arrived_last_share", last_share, 1.0 / max(1, a.num_ranks), note="share of steps this rank reached the collective last"),
-        findings.evidence("comm_wait_time", wait, wait_med, unit="s", note="the straggler waits least"),
+        findings.evidence(
+            "arrived_last_share",
+            last_share,
+            1.0 / max(1, a.num_ranks),
+            note="share of steps this rank reached the collective last",
+        ),
+        findings.evidence(
+            "comm_wait_time", wait, wait_med, unit="s", note="the straggler waits least"
+        ),
     ]
 
 
@@ -195,7 +234,11 @@ def _throttle_note(
     if not (np.isfinite(mine) and np.isfinite(peers)) or (mine >= 0.97 * peers and not throttled):
         return ""
     ev.append(findings.evidence("sm_clock", mine, peers, unit="Hz", note="NVML SM clock vs peers"))
-    return "; GPU throttled (SM clock " + f"{mine / peers:.0%} of peers" + (", NVML throttle reason active)" if throttled else ")")
+    return (
+        "; GPU throttled (SM clock "
+        + f"{mine / peers:.0%} of peers"
+        + (", NVML throttle reason active)" if throttled else ")")
+    )
 
 
 def link_findings(
@@ -213,11 +256,19 @@ def link_findings(
     node_sizes: dict[str, int] = {}
     for name in a.nodes:
         node_sizes[name] = node_sizes.get(name, 0) + 1
-    covered = sorted(n for n, eps in by_node.items() if len({e[0] for e in eps}) >= cfg.node_coverage * node_sizes.get(n, 1))
+    covered = sorted(
+        n
+        for n, eps in by_node.items()
+        if len({e[0] for e in eps}) >= cfg.node_coverage * node_sizes.get(n, 1)
+    )
     out = []
     if covered:
         eps = [e for n in covered for e in by_node[n]]
-        links = [f"{x}<->{y}" for x, y in itertools.combinations(covered, 2)] if len(covered) == 2 else []
+        links = (
+            [f"{x}<->{y}" for x, y in itertools.combinations(covered, 2)]
+            if len(covered) == 2
+            else []
+        )
         out.append(_link_finding(a, scores, eps, covered, links, cfg))
     for name in sorted(set(by_node) - set(covered)):
         out.append(rank_finding(a, scores, Kind.SLOW_LINK, *by_node[name][0], cfg))
@@ -246,9 +297,14 @@ def _link_finding(
         subjects=schema.Subjects(ranks=[int(a.ranks[c]) for c in cols], nodes=nodes, links=links),
         step_start=int(a.steps[first]),
         step_end=int(a.steps[last]),
-        summary=f"slow link {where}: collective transfer time {observed / max(baseline, 1e-12):.2f}x the median on {len(cols)} rank(s)",
+        summary=(
+            f"slow link {where}: collective transfer time "
+            f"{observed / max(baseline, 1e-12):.2f}x the median on {len(cols)} rank(s)"
+        ),
         evidence=[
-            findings.evidence("collective_transfer_time", observed, baseline, unit="s", note=f"robust z {z:.1f}"),
+            findings.evidence(
+                "collective_transfer_time", observed, baseline, unit="s", note=f"robust z {z:.1f}"
+            ),
             findings.evidence("ranks_affected", len(cols)),
         ],
         confidence=findings.confidence_from_z(z, cfg.window, cfg.window),
@@ -256,13 +312,3 @@ def _link_finding(
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
     )
-
-
-def first_detection_rows(
-    flags: robust.BoolArray, cfg: config_mod.StragglerConfig
-) -> npt.NDArray[np.int64]:
-    """Per column, the first row at which it became persistent (-1 if never)."""
-    hits = robust.rolling_hits(flags, cfg.window) >= cfg.min_hits
-    first = np.argmax(hits, axis=0).astype(np.int64)
-    first[~hits.any(axis=0)] = -1
-    return first

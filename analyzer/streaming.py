@@ -41,7 +41,9 @@ class _JobStream:
         self.num_analysed = 0
         self.next_step = -1  # lowest step not yet analysed
         self.newest_step = -1
-        self.flag_ring = {k: np.zeros((cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS}
+        self.flag_ring = {
+            k: np.zeros((cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS
+        }
         self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
         self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
         self.mfu_reported_step = -(10**9)
@@ -51,22 +53,28 @@ class _JobStream:
 
     # --- feeding -----------------------------------------------------------------------
     def feed(self, batch: Sequence[schema.Record]) -> list[schema.Finding]:
-        step_type, agg_type, beat_type = schema.StepRecord, schema.CollectiveAggregate, schema.Heartbeat
-        steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]  # type: ignore[misc]
+        step_type, agg_type, beat_type = (
+            schema.StepRecord,
+            schema.CollectiveAggregate,
+            schema.Heartbeat,
+        )
+        steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]
         rest = batch if not steps else [r for r in batch if type(r) is not step_type]
-        aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]  # type: ignore[misc]
+        aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
         newest_beat = 0.0
         for r in rest:
             if type(r) is beat_type:
-                self.hang.observe_heartbeat(r)  # type: ignore[arg-type]
-                newest_beat = max(newest_beat, r.time_s)  # type: ignore[union-attr]
+                self.hang.observe_heartbeat(r)
+                newest_beat = max(newest_beat, r.time_s)
             elif type(r) is not agg_type:
                 self._feed_other(r)
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
         for agg in aggs:
-            self.hang.observe_position(agg.rank, agg.group, agg.last_seq, agg.op, schema.RankState.COMPUTE)
+            self.hang.observe_position(
+                agg.rank, agg.group, agg.last_seq, agg.op, schema.RankState.COMPUTE
+            )
         if steps:
             numbers = [s.step for s in steps]
             self.newest_step = max(self.newest_step, max(numbers))
@@ -98,7 +106,9 @@ class _JobStream:
         if step <= self.newest_step - self.cfg.stream_step_lag:
             return True
         row = step % self.window.capacity
-        return bool(self.window.row_step[row] == step and self.window.reported[row] >= self.window.num_ranks)
+        return bool(
+            self.window.row_step[row] == step and self.window.reported[row] >= self.window.num_ranks
+        )
 
     def _analyse_ready(self) -> list[schema.Finding]:
         out: list[schema.Finding] = []
@@ -172,9 +182,13 @@ class _JobStream:
             if not hits[cols].any():
                 del self.open[key]
                 last = self.analysed[-1] - self.cfg.straggler.window
-                out.append(msgspec.structs.replace(
-                    finding, state=schema.FindingState.RESOLVED, step_end=max(finding.step_end, last)
-                ))
+                out.append(
+                    msgspec.structs.replace(
+                        finding,
+                        state=schema.FindingState.RESOLVED,
+                        step_end=max(finding.step_end, last),
+                    )
+                )
         return out
 
     def _mfu(self, step: int, one: arrays_mod.StepArrays) -> list[schema.Finding]:
@@ -190,7 +204,7 @@ class _JobStream:
             if change < self.mfu_reported_step + self.cfg.mfu.baseline_steps:
                 continue
             self.mfu_reported_step = change
-            a = self.window.view(self.analysed[-len(self.mfu_series):])
+            a = self.window.view(self.analysed[-len(self.mfu_series) :])
             metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
             out.append(mfu.drop_finding(a, drop, metric, self.cfg.mfu))
         return out
@@ -215,7 +229,14 @@ def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
 # The record types the analyzer reads (Findings, Actions, Checkpoints and DiagResults are not
 # measurements of the job's progress).
 _MEASURED = frozenset(
-    {schema.StepRecord, schema.CollectiveAggregate, schema.Heartbeat, schema.Sample, schema.Job, schema.RankInfo}
+    {
+        schema.StepRecord,
+        schema.CollectiveAggregate,
+        schema.Heartbeat,
+        schema.Sample,
+        schema.Job,
+        schema.RankInfo,
+    }
 )
 
 
