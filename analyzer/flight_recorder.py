@@ -4,7 +4,7 @@ Reads both dump encodings torch writes (`_dump_fr_trace`: pickle; `_dump_fr_trac
 from NCCL and gloo process groups. The two backends differ: NCCL entries carry states
 (scheduled/started/completed) and timings and `pg_config` lists each group's ranks; gloo entries
 stay "scheduled" with no timings and `pg_config` holds one empty entry, so group membership is
-inferred from which dumps mention the group, and progress from `pg_status`. The rank is the
+inferred from which dumps mention the group, and `pg_status` gives the last enqueued sequence numbers. The rank is the
 trailing number of the file name (torch names dumps `<prefix><rank>`).
 
 Pickles are loaded with an unpickler that refuses every class (dumps hold only builtins), so a
@@ -187,36 +187,26 @@ class GroupState:
 
     group: str
     enqueued: dict[int, int]
-    completed: dict[int, int]
     ops: dict[int, dict[int, str]]  # seq -> rank -> op
 
 
 def group_states(dumps: Sequence[Dump]) -> list[GroupState]:
     enq: dict[str, dict[int, int]] = defaultdict(dict)
-    done: dict[str, dict[int, int]] = defaultdict(dict)
     ops: dict[str, dict[int, dict[int, str]]] = defaultdict(lambda: defaultdict(dict))
-    for d in dumps:
+    for d in dumps:  # pg_status's completion counters are not used (see `analyze`)
         for e in d.entries:
             if e.is_p2p:
                 continue
             enq[e.group][d.rank] = max(enq[e.group].get(d.rank, 0), e.seq)
             ops[e.group][e.seq][d.rank] = f"{e.op} {e.sizes}"
-            if e.state == "completed":
-                done[e.group][d.rank] = max(done[e.group].get(d.rank, 0), e.seq)
         for group, st in d.status.items():
             enq[group][d.rank] = max(
                 enq[group].get(d.rank, 0), st.get("last_enqueued_collective", 0)
             )
-            done[group][d.rank] = max(
-                done[group].get(d.rank, 0), st.get("last_completed_collective", 0)
-            )
         for group, ranks in d.members.items():
             for r in ranks:
                 enq[group].setdefault(r, 0)  # a member that never dumped or never entered
-    return [
-        GroupState(group=g, enqueued=dict(enq[g]), completed=dict(done[g]), ops=dict(ops[g]))
-        for g in sorted(enq)
-    ]
+    return [GroupState(group=g, enqueued=dict(enq[g]), ops=dict(ops[g])) for g in sorted(enq)]
 
 
 def group_stacks(stacks: Mapping[int, Sequence[str]]) -> list[tuple[list[int], tuple[str, ...]]]:
@@ -228,17 +218,27 @@ def group_stacks(stacks: Mapping[int, Sequence[str]]) -> list[tuple[list[int], t
 
 
 def analyze(dumps: Sequence[Dump], *, job_id: str, now_s: float = 0.0) -> list[schema.Finding]:
-    """Hang and desync findings from one job's dumps (one per rank)."""
+    """Hang and desync findings from one job's dumps (one per rank).
+
+    A rank is where its last collective entry says. It waits there when some member of that
+    group has not enqueued that sequence number yet, or (NCCL, which records states) when the
+    entry has not completed. gloo's completion counters are not trusted: they can advance
+    for collectives a peer never entered.
+    """
     states = group_states(dumps)
-    waits, seqs = [], {}
-    for st in states:
-        seqs[st.group] = dict(st.enqueued)
-        for rank, seq in st.enqueued.items():
-            if seq > st.completed.get(rank, 0) and rank in {d.rank for d in dumps}:
-                op = st.ops.get(seq, {}).get(rank, "").split(" ", 1)[0]
-                waits.append(hangs.Wait(rank=rank, group=st.group, seq=seq, op=op))
+    enqueued = {st.group: dict(st.enqueued) for st in states}
+    waits = []
+    for d in dumps:
+        last = next((e for e in reversed(d.entries) if not e.is_p2p), None)
+        if last is None:
+            continue
+        members = enqueued.get(last.group, {})
+        behind = any(seq < last.seq for seq in members.values())
+        unfinished = d.backend == "nccl" and last.state != "completed"
+        if behind or unfinished:
+            waits.append(hangs.Wait(rank=d.rank, group=last.group, seq=last.seq, op=last.op))
     out = _desyncs(states, job_id, now_s)
-    culprits = hangs.find_culprits(waits, seqs, {d.rank for d in dumps})
+    culprits = hangs.find_culprits(waits, enqueued, {d.rank for d in dumps})
     if culprits is not None:
         out.append(_hang(culprits, dumps, job_id, now_s))
     elif waits:
