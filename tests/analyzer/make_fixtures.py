@@ -24,7 +24,11 @@ from vigil.analyzer import simulator as sim
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = next(
-    (p / "shared" / "testdata" for p in (ROOT.parent, *ROOT.parents) if (p / "shared" / "testdata").is_dir()),
+    (
+        p / "shared" / "testdata"
+        for p in (ROOT.parent, *ROOT.parents)
+        if (p / "shared" / "testdata").is_dir()
+    ),
     ROOT.parent / "shared" / "testdata",
 )
 
@@ -47,17 +51,31 @@ def write_jsonl(folder: Path, simulation: sim.Simulation, extra: list[schema.Rec
 
 
 def jsonl_fixtures() -> None:
-    straggler = sim.simulate(sim.ScenarioConfig(
-        job_id="train-straggler", num_ranks=8, num_steps=40, ranks_per_node=4, tp_collectives=0,
-        faults=(sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(5,), factor=1.3, start_step=10),),
-        seed=11,
-    ))
+    straggler = sim.simulate(
+        sim.ScenarioConfig(
+            job_id="train-straggler",
+            num_ranks=8,
+            num_steps=40,
+            ranks_per_node=4,
+            tp_collectives=0,
+            faults=(
+                sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(5,), factor=1.3, start_step=10),
+            ),
+            seed=11,
+        )
+    )
     write_jsonl(DATA / "jsonl_straggler", straggler, [])
-    hang = sim.simulate(sim.ScenarioConfig(
-        job_id="train-hang", num_ranks=8, num_steps=40, ranks_per_node=4, tp_collectives=0,
-        faults=(sim.Fault(kind=sim.FaultKind.HANG, rank=6, collective=0, start_step=25),),
-        seed=12,
-    ))
+    hang = sim.simulate(
+        sim.ScenarioConfig(
+            job_id="train-hang",
+            num_ranks=8,
+            num_steps=40,
+            ranks_per_node=4,
+            tp_collectives=0,
+            faults=(sim.Fault(kind=sim.FaultKind.HANG, rank=6, collective=0, start_step=25),),
+            seed=12,
+        )
+    )
     assert hang.hang is not None
     beats = [b for t in range(1, 9) for b in hang.positions_at(hang.hang.onset_s + t)]
     write_jsonl(DATA / "jsonl_hang", hang, beats)
@@ -65,26 +83,51 @@ def jsonl_fixtures() -> None:
         fh.write(b'{"type": "step", "job_id": "train-hang", "rank": "zero"}\n')
 
 
-def _entry(pg: tuple[str, str], pg_id: int, seq: int, op: str, state: str, t0: int) -> dict[str, object]:
+def _entry(
+    pg: tuple[str, str], pg_id: int, seq: int, op: str, state: str, t0: int
+) -> dict[str, object]:
     done = state == "completed"
     return {
-        "record_id": seq, "pg_id": pg_id, "process_group": pg, "collective_seq_id": seq,
-        "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"nccl:{op}", "time_created_ns": t0,
-        "duration_ms": 1.25 if done else None, "input_sizes": [[1024]], "input_dtypes": ["Float"],
-        "output_sizes": [[1024]], "output_dtypes": ["Float"], "state": state,
-        "time_discovered_started_ns": t0 + 1000, "time_discovered_completed_ns": t0 + 2000 if done else None,
-        "retired": done, "timeout_ms": 600000, "is_p2p": False,
-        "frames": [{"name": op, "filename": "torch/distributed/distributed_c10d.py", "line": 2500},
-                   {"name": "train_step", "filename": "train.py", "line": 88 if state != "completed" else 80}],
+        "record_id": seq,
+        "pg_id": pg_id,
+        "process_group": pg,
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"nccl:{op}",
+        "time_created_ns": t0,
+        "duration_ms": 1.25 if done else None,
+        "input_sizes": [[1024]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[1024]],
+        "output_dtypes": ["Float"],
+        "state": state,
+        "time_discovered_started_ns": t0 + 1000,
+        "time_discovered_completed_ns": t0 + 2000 if done else None,
+        "retired": done,
+        "timeout_ms": 600000,
+        "is_p2p": False,
+        "frames": [
+            {"name": op, "filename": "torch/distributed/distributed_c10d.py", "line": 2500},
+            {
+                "name": "train_step",
+                "filename": "train.py",
+                "line": 88 if state != "completed" else 80,
+            },
+        ],
     }
 
 
 def nccl_dump(rank: int, entries: list[dict[str, object]]) -> dict[str, object]:
     return {
-        "version": "2.4", "comm_lib_version": "2.21.5",
-        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
-                      "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]" if rank < 2 else "[2, 3]"}},
-        "pg_status": {}, "entries": entries,
+        "version": "2.4",
+        "comm_lib_version": "2.21.5",
+        "pg_config": {
+            "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+            "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]" if rank < 2 else "[2, 3]"},
+        },
+        "pg_status": {},
+        "entries": entries,
     }
 
 
@@ -96,8 +139,14 @@ def nccl_fixtures() -> None:
         for rank in range(4):
             entries = []
             for step in range(5):
-                entries.append(_entry(tp, 1, step + 1, "all_gather", "completed", t0 + step * 10**9))
-                op = "broadcast" if scenario == "fr_nccl_desync" and rank == 2 and step == 4 else "all_reduce"
+                entries.append(
+                    _entry(tp, 1, step + 1, "all_gather", "completed", t0 + step * 10**9)
+                )
+                op = (
+                    "broadcast"
+                    if scenario == "fr_nccl_desync" and rank == 2 and step == 4
+                    else "all_reduce"
+                )
                 state = "started" if scenario == "fr_nccl_desync" and step == 4 else "completed"
                 entries.append(_entry(world, 0, step + 1, op, state, t0 + step * 10**9 + 5 * 10**8))
             if scenario == "fr_nccl_hang" and rank != 1:  # rank 1 never reaches all_reduce #6
@@ -106,7 +155,10 @@ def nccl_fixtures() -> None:
             dump = nccl_dump(rank, entries)
             for kind in ("json", "pickle"):
                 (DATA / scenario / kind).mkdir(parents=True, exist_ok=True)
-            text = {**dump, "entries": [{k: v for k, v in e.items() if k != "frames"} for e in entries]}
+            text = {
+                **dump,
+                "entries": [{k: v for k, v in e.items() if k != "frames"} for e in entries],
+            }
             (DATA / scenario / "json" / f"nccl_trace_rank_{rank}.json").write_text(json.dumps(text))
             (DATA / scenario / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
 

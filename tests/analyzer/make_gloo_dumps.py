@@ -25,9 +25,12 @@ OUT = Path(__file__).parent / "data" / "fr_gloo_hang"
 
 def worker(rank: int, world: int, port: int) -> None:
     os.environ["TORCH_FR_BUFFER_SIZE"] = "64"
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=30)
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = pairs[rank // 2]
     t = torch.ones(8)

@@ -54,17 +54,39 @@ def test_collective_metadata_from_kernel_args(kineto_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "op", "algo", "proto", "dtype"),
     [
-        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-         "AllReduce", "RING", "LL", "float"),
-        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-         "AllGather", "RING", "LL", ""),
-        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL128(ncclDevKernelArgsStorage<4096ul>)",
-         "ReduceScatter", "RING", "LL128", "bf16"),
-        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
-         "SendRecv", "RING", "SIMPLE", "int8_t"),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            "AllReduce",
+            "RING",
+            "LL",
+            "float",
+        ),
+        (
+            "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "AllGather",
+            "RING",
+            "LL",
+            "",
+        ),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL128(ncclDevKernelArgsStorage<4096ul>)",
+            "ReduceScatter",
+            "RING",
+            "LL128",
+            "bf16",
+        ),
+        (
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+            "SendRecv",
+            "RING",
+            "SIMPLE",
+            "int8_t",
+        ),
     ],
 )
-def test_old_and_new_nccl_kernel_names(name: str, op: str, algo: str, proto: str, dtype: str) -> None:
+def test_old_and_new_nccl_kernel_names(
+    name: str, op: str, algo: str, proto: str, dtype: str
+) -> None:
     meta = kineto.parse_nccl_name(name)
     assert (meta.op, meta.algorithm, meta.protocol, meta.dtype) == (op, algo, proto, dtype)
     assert kineto.kernel_type(name) == kineto.COMMUNICATION
@@ -75,7 +97,9 @@ def test_kernel_breakdown_ranks_kernels_by_time(kineto_dir: Path) -> None:
     top = kineto_analysis.kernel_breakdown(trace, top=3)
     assert top[0].kind == "communication" and top[0].name.startswith("ncclKernel_AllReduce")
     assert top[0].total_us >= top[1].total_us >= top[2].total_us
-    assert sum(k.share_pct for k in kineto_analysis.kernel_breakdown(trace, top=10**6)) == pytest.approx(100)
+    assert sum(
+        k.share_pct for k in kineto_analysis.kernel_breakdown(trace, top=10**6)
+    ) == pytest.approx(100)
 
 
 def _synthetic_rank(path: Path, rank: int, offset_us: float, late_us: float) -> None:
@@ -84,15 +108,40 @@ def _synthetic_rank(path: Path, rank: int, offset_us: float, late_us: float) -> 
     events = []
     for i in range(6):
         base = 1_000_000 + i * 10_000
-        events.append({"ph": "X", "cat": "kernel", "name": "gemm_kernel", "ts": base + offset_us,
-                       "dur": 3000 + late_us, "args": {"stream": 7, "correlation": 100 + i}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "gemm_kernel",
+                "ts": base + offset_us,
+                "dur": 3000 + late_us,
+                "args": {"stream": 7, "correlation": 100 + i},
+            }
+        )
         start = base + 3000 + late_us + offset_us
-        events.append({"ph": "X", "cat": "kernel", "ts": start, "dur": 2000 - late_us,
-                       "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                       "args": {"stream": 20, "correlation": 200 + i, "Collective name": "allreduce",
-                                "Process Group Name": "0", "In msg nelems": 1024,
-                                "Out msg nelems": 1024, "dtype": "Float", "Group size": 2}})
-    doc = {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"}, "traceEvents": events}
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "ts": start,
+                "dur": 2000 - late_us,
+                "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                "args": {
+                    "stream": 20,
+                    "correlation": 200 + i,
+                    "Collective name": "allreduce",
+                    "Process Group Name": "0",
+                    "In msg nelems": 1024,
+                    "Out msg nelems": 1024,
+                    "dtype": "Float",
+                    "Group size": 2,
+                },
+            }
+        )
+    doc = {
+        "distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"},
+        "traceEvents": events,
+    }
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
 
 
