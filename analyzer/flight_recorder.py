@@ -4,8 +4,8 @@ Reads both dump encodings torch writes (`_dump_fr_trace`: pickle; `_dump_fr_trac
 from NCCL and gloo process groups. The two backends differ: NCCL entries carry states
 (scheduled/started/completed) and timings and `pg_config` lists each group's ranks; gloo entries
 stay "scheduled" with no timings and `pg_config` holds one empty entry, so group membership is
-inferred from which dumps mention the group, and `pg_status` gives the last enqueued sequence numbers. The rank is the
-trailing number of the file name (torch names dumps `<prefix><rank>`).
+inferred from which dumps mention the group, and `pg_status` gives the last enqueued sequence
+numbers. The rank is the trailing number of the file name (torch names dumps `<prefix><rank>`).
 
 Pickles are loaded with an unpickler that refuses every class (dumps hold only builtins), so a
 hostile file cannot run code. Analysis: per process group the last sequence number each rank
