@@ -13,6 +13,7 @@ Pure parsing over bytes or a path; a corrupt file raises `TraceError` naming fil
 
 from __future__ import annotations
 
+import array
 import ast
 import gzip
 import re
@@ -43,9 +44,9 @@ class TraceError(ValueError):
         super().__init__(f"{path}: {reason}")
 
 
-class _Args(msgspec.Struct):
-    stream: Any = None
-    correlation: Any = None
+class _Args(msgspec.Struct, gc=False):
+    stream: int | str | None = None
+    correlation: int | None = None
     collective: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -56,18 +57,37 @@ class _Args(msgspec.Struct):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
 
 
-class _Event(msgspec.Struct):
-    ph: str = ""
-    cat: Any = None
+class _LenientArgs(_Args, gc=False):
+    stream: Any = None
+    correlation: Any = None
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: str | None = None
     name: str = ""
     ts: float | None = None
     dur: float | None = None
     args: _Args | None = None
 
 
+class _LenientEvent(msgspec.Struct, gc=False):
+    cat: Any = None
+    name: Any = ""
+    ts: float | None = None
+    dur: float | None = None
+    args: _LenientArgs | None = None
+
+
 class _TraceFile(msgspec.Struct):
-    traceEvents: list[_Event] = msgspec.field(default_factory=list)  # noqa: N815 (Chrome's name)
+    # Events stay raw JSON (views into the buffer) and are decoded in chunks, so only one
+    # chunk of event objects exists at a time: this keeps peak memory near the file size.
+    traceEvents: list[msgspec.Raw] = msgspec.field(default_factory=list)  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
+
+
+_CHUNK = 4096
+_chunk_decoder = msgspec.json.Decoder(list[_Event])
+_lenient_decoder = msgspec.json.Decoder(list[_LenientEvent])
 
 
 def kernel_type(name: str) -> int:
@@ -193,12 +213,30 @@ class KinetoTrace:
     has_gpu: bool = True
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """The file's JSON bytes, gunzipped when it ends in .gz."""
+def read_bytes(path: str | Path) -> bytes | memoryview:
+    """The file's JSON bytes, gunzipped when it ends in .gz.
+
+    A gzip file is inflated straight into one buffer sized from its trailer (ISIZE), so peak
+    memory is the inflated size rather than twice it.
+    """
     p = Path(path)
     try:
-        raw = p.read_bytes()
-        return gzip.decompress(raw) if p.suffix == ".gz" else raw
+        if p.suffix != ".gz":
+            return p.read_bytes()
+        with p.open("rb") as raw:
+            raw.seek(-4, 2)
+            size = int.from_bytes(raw.read(4), "little")
+            raw.seek(0)
+            buf = bytearray(size + 1)  # one spare byte tells a wrong trailer (>4 GiB, multi-member)
+            view = memoryview(buf)
+            with gzip.GzipFile(fileobj=raw) as gz:
+                filled = 0
+                # Small reads: one huge read would inflate into a temporary as large as `buf`.
+                while filled < len(buf) and (n := gz.readinto(view[filled : filled + 2**20])):
+                    filled += n
+                if filled <= size:
+                    return view[:filled]
+                return bytes(buf[:filled]) + gz.read()
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(str(p), f"cannot read ({type(exc).__name__}: {exc})") from exc
 
@@ -208,7 +246,9 @@ def load(path: str | Path, *, rank: int | None = None) -> KinetoTrace:
     return parse(read_bytes(path), path=str(path), rank=rank)
 
 
-def parse(data: bytes, *, path: str = "<bytes>", rank: int | None = None) -> KinetoTrace:
+def parse(
+    data: bytes | memoryview, *, path: str = "<bytes>", rank: int | None = None
+) -> KinetoTrace:
     try:
         doc = msgspec.json.decode(data, type=_TraceFile)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -239,31 +279,65 @@ def _distributed_info(raw: Any) -> dict[str, Any]:
     return {}
 
 
-def _select(events: list[_Event], path: str, rank: int, world: int, backend: str) -> KinetoTrace:
-    gpu: list[tuple[float, float, int, int, str, _Args | None]] = []
-    cpu_corr: list[tuple[float, int]] = []
-    steps: list[tuple[int, float, float]] = []
-    fractional = False
-    for e in events:
-        if e.dur is None or e.ts is None or e.cat is None or e.cat == "Trace":
-            continue
-        if not fractional and (e.ts % 1 or e.dur % 1):
-            fractional = True
-        args = e.args
-        stream = _int(args.stream) if args is not None else -1
-        corr = _int(args.correlation) if args is not None else -1
-        if stream >= 0 and corr >= 0:
-            gpu.append((e.ts, e.dur, stream, corr, e.name, args))
-            continue
-        cpu_corr.append((e.ts, corr))
-        if "ProfilerStep" in e.name:
-            m = re.search(r"ProfilerStep\s*#\s*(\d+)", e.name)
-            steps.append((int(m.group(1)) if m else len(steps), e.ts, e.ts + e.dur))
-    if len(steps) >= 2:
-        last_start = max(s[1] for s in steps)
-        launched = {c for ts, c in cpu_corr if ts < last_start and c >= 0}
+class _Selection:
+    """What the event pass keeps: GPU events, CPU-side correlations and profiler steps."""
+
+    def __init__(self) -> None:
+        self.gpu: list[tuple[float, float, int, int, str, _Args | None]] = []
+        self.cpu_ts = array.array("d")  # compact: a trace has tens of thousands of launches
+        self.cpu_corr = array.array("q")
+        self.steps: list[tuple[int, float, float]] = []
+        self.fractional = False
+
+    def add(self, events: list[_Event] | list[_LenientEvent]) -> None:
+        gpu, cpu_ts, cpu_corr = self.gpu, self.cpu_ts, self.cpu_corr
+        for e in events:
+            ts, dur, cat = e.ts, e.dur, e.cat
+            if dur is None or ts is None or cat is None or cat == "Trace":
+                continue
+            if not self.fractional and (ts % 1 or dur % 1):
+                self.fractional = True
+            args = e.args
+            stream = corr = -1
+            if args is not None:
+                stream, corr = args.stream, args.correlation
+                if type(stream) is not int:
+                    stream = -1 if stream is None else _int(stream)
+                if type(corr) is not int:
+                    corr = -1 if corr is None else _int(corr)
+            name = e.name if isinstance(e.name, str) else str(e.name)
+            if stream >= 0 and corr >= 0:
+                gpu.append((ts, dur, stream, corr, name, args))
+                continue
+            if corr >= 0:
+                cpu_ts.append(ts)
+                cpu_corr.append(corr)
+            if "ProfilerStep" in name:
+                m = re.search(r"ProfilerStep\s*#\s*(\d+)", name)
+                self.steps.append((int(m.group(1)) if m else len(self.steps), ts, ts + dur))
+
+
+def _select(
+    events: list[msgspec.Raw], path: str, rank: int, world: int, backend: str
+) -> KinetoTrace:
+    kept = _Selection()
+    for i in range(0, len(events), _CHUNK):
+        chunk = b"[" + b",".join(events[i : i + _CHUNK]) + b"]"
+        try:
+            kept.add(_chunk_decoder.decode(chunk))
+        except msgspec.ValidationError:  # odd types somewhere: take the chunk leniently
+            try:
+                kept.add(_lenient_decoder.decode(chunk))
+            except msgspec.ValidationError as exc:
+                raise TraceError(path, f"malformed trace event ({exc})") from exc
+    gpu = kept.gpu
+    if len(kept.steps) >= 2:
+        last_start = max(s[1] for s in kept.steps)
+        launched = {c for t, c in zip(kept.cpu_ts, kept.cpu_corr, strict=True) if t < last_start}
         gpu = [g for g in gpu if g[3] in launched]
-    return _arrays(gpu, path, rank, world, backend, sorted(steps), fractional, len(events))
+    return _arrays(
+        gpu, path, rank, world, backend, sorted(kept.steps), kept.fractional, len(events)
+    )
 
 
 def _arrays(
