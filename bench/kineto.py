@@ -3,7 +3,8 @@
 For each dataset (the two-rank trace_filter job, and two single-rank A100 traces from the shared
 testdata) both tools load the traces and compute the temporal breakdown and the
 communication-computation overlap:
-  - vigil: `vigil.analyzer.kineto.load` + `kineto_analysis.temporal_breakdown` / `comm_comp_overlap_pct`,
+  - vigil: `vigil.analyzer.kineto.load` + `kineto_analysis.temporal_breakdown` /
+    `comm_comp_overlap_pct`,
   - HTA: `Trace.load_traces(use_multiprocessing=False)` + `get_temporal_breakdown` /
     `get_comm_comp_overlap` (HTA's own pipeline, single process, so both use one core).
 Each measurement runs in a fresh subprocess: wall time (best of --rounds, no tracing) and peak
@@ -130,7 +131,8 @@ def main() -> None:
     source = shared_kineto()
     speedups, memory_ratios, errors = [], [], []
     print(
-        f"{'dataset':<28} {'vigil s':>8} {'HTA s':>8} {'speedup':>8} {'vigil MiB':>10} {'HTA MiB':>9} {'mem ratio':>9}"
+        f"{'dataset':<28} {'vigil s':>8} {'HTA s':>8} {'speedup':>8} "
+        f"{'vigil MiB':>10} {'HTA MiB':>9} {'mem ratio':>9}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for name, files in DATASETS.items():
@@ -147,7 +149,8 @@ def main() -> None:
             memory_ratios.append(m["vigil"]["peak_bytes"] / m["hta"]["peak_bytes"])
             mib = {k: v["peak_bytes"] / 2**20 for k, v in m.items()}
             print(
-                f"{name:<28} {t['vigil']:8.3f} {t['hta']:8.3f} {speedups[-1]:7.1f}x {mib['vigil']:10.1f} {mib['hta']:9.1f} {memory_ratios[-1]:9.3f}"
+                f"{name:<28} {t['vigil']:8.3f} {t['hta']:8.3f} {speedups[-1]:7.1f}x "
+                f"{mib['vigil']:10.1f} {mib['hta']:9.1f} {memory_ratios[-1]:9.3f}"
             )
             ours, theirs = m["vigil"]["figures"], m["hta"]["figures"]
             for rank in theirs:
@@ -159,7 +162,8 @@ def main() -> None:
                 )
                 print(f"    rank {rank}: vigil/HTA %  {line}")
     print(
-        f"worst dataset: {min(speedups):.1f}x faster, {max(memory_ratios):.3f} of HTA's peak memory; "
+        f"worst dataset: {min(speedups):.1f}x faster, "
+        f"{max(memory_ratios):.3f} of HTA's peak memory; "
         f"largest figure difference {max(errors):.4f} percentage points"
     )
     print(
