@@ -14,6 +14,7 @@ resolved); the collector upserts them. Pure: no I/O, no clocks, no threads; not 
 from __future__ import annotations
 
 import logging
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -59,7 +60,9 @@ class _JobStream:
             schema.Heartbeat,
         )
         steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]
-        rest = batch if not steps else [r for r in batch if type(r) is not step_type]
+        rest: Sequence[schema.Record] = ()
+        if len(steps) < len(batch):
+            rest = [r for r in batch if type(r) is not step_type and type(r) in _MEASURED]
         aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
         newest_beat = 0.0
         for r in rest:
@@ -240,6 +243,9 @@ _MEASURED = frozenset(
 )
 
 
+_JOB_ID = operator.attrgetter("job_id")
+
+
 class StreamingAnalyzer:
     """Implements the collector's `StreamAnalyzer` protocol; see the module docstring."""
 
@@ -252,21 +258,26 @@ class StreamingAnalyzer:
 
     def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
         """Take one committed batch (any record types); return new or updated findings."""
-        kept = [r for r in records if type(r) in _MEASURED]
-        jobs = {r.job_id for r in kept}  # type: ignore[union-attr]
-        jobs.discard("")
         by_job: dict[str, Sequence[schema.Record]]
-        if len(jobs) == 1:  # the common case: one sender's batch
-            by_job = {jobs.pop(): kept}
+        try:
+            jobs = set(map(_JOB_ID, records))
+        except AttributeError:  # a record type without a job (DiagResult)
+            jobs = {getattr(r, "job_id", "") for r in records}
+        jobs.discard("")
+        if len(jobs) == 1:  # the common case: one sender's batch (feed skips other types)
+            by_job = {jobs.pop(): records}
         else:
             grouped: dict[str, list[schema.Record]] = defaultdict(list)
-            for record in kept:
-                if record.job_id:  # type: ignore[union-attr]
-                    grouped[record.job_id].append(record)  # type: ignore[union-attr]
+            for record in records:
+                job = getattr(record, "job_id", "")
+                if job and type(record) in _MEASURED:
+                    grouped[job].append(record)
             by_job = dict(grouped)
         out: list[schema.Finding] = []
         for job, batch in by_job.items():
             stream = self._jobs.get(job)
+            if stream is None and not any(type(r) in _MEASURED for r in batch):
+                continue  # e.g. only findings or actions about a job not seen yet
             if stream is None:
                 world = next((r.world_size for r in batch if isinstance(r, schema.Job)), 0)
                 stream = self._jobs[job] = _JobStream(job, self.config, world)

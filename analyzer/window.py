@@ -104,22 +104,31 @@ class StepWindow:
         """Scatter step records into the ring (vectorised: one pass over the records)."""
         if not records:
             return
-        rows = [
-            (
-                r.rank,
-                r.step,
-                r.start_s,
-                r.end_s,
-                r.data_s,
-                r.comm_wait_s,
-                r.tokens,
-                r.mfu,
-                r.model_flops,
-            )
-            for r in records
-        ]  # a list of tuples, then one fromiter: ~3x faster than a generator or np.array
+        # A list of tuples, then one fromiter: ~3x faster than a generator or np.array.
+        rows: list[tuple[float, ...]]
+        if self.peak_flops > 0:
+            rows = [
+                (
+                    r.rank,
+                    r.step,
+                    r.start_s,
+                    r.end_s,
+                    r.data_s,
+                    r.comm_wait_s,
+                    r.tokens,
+                    r.mfu,
+                    r.model_flops,
+                )
+                for r in records
+            ]
+        else:  # model FLOPs only matter when MFU must be derived from them
+            rows = [
+                (r.rank, r.step, r.start_s, r.end_s, r.data_s, r.comm_wait_s, r.tokens, r.mfu)
+                for r in records
+            ]
+        width = len(rows[0])
         flat = itertools.chain.from_iterable(rows)
-        values = np.fromiter(flat, dtype=np.float64, count=9 * len(rows)).reshape(-1, 9)
+        values = np.fromiter(flat, dtype=np.float64, count=width * len(rows)).reshape(-1, width)
         steps = values[:, 1].astype(np.int64)
         keep = steps >= oldest_allowed  # older steps were analysed and left the window
         if not keep.all():
@@ -173,9 +182,17 @@ class StepWindow:
             self._data["throttled"][row, col] = 1.0 if harmful else 0.0
 
     def view(self, steps: Sequence[int]) -> arrays_mod.StepArrays:
-        """Chronological arrays of `steps` (which must still be in the window)."""
-        rows = np.asarray([s % self.capacity for s in steps], dtype=np.int64)
+        """Chronological arrays of `steps` (which must still be in the window).
+
+        One step is a view into the ring (no copy): use it before the ring moves on.
+        """
         n = self.num_ranks
+        rows: npt.NDArray[np.int64] | slice
+        if len(steps) == 1:
+            first = steps[0] % self.capacity
+            rows = slice(first, first + 1)
+        else:
+            rows = np.asarray([s % self.capacity for s in steps], dtype=np.int64)
         d = {name: values[rows, :n] for name, values in self._data.items()}
         clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
