@@ -231,14 +231,16 @@ def main() -> None:
     print(f"hang culprit accuracy     {hang_acc:8.4f}   target >= 0.99")
     print(f"hang latency within bound {hang_lat:8.4f}   target >= 0.99")
     print(
-        f"straggler precision       {precision:8.4f}   target >= 0.99 ({tally.straggler_findings} findings)"
+        f"straggler precision       {precision:8.4f}   target >= 0.99 "
+        f"({tally.straggler_findings} findings)"
     )
     print(f"straggler recall (20 st.) {recall:8.4f}   target >= 0.99")
     clean = clean_run(1024, 10_000)
     print(f"clean 1,024 ranks x 10,000 steps: {clean} findings   target 0")
     offline_s = offline_scale(10_000, 1_000)
     print(
-        f"offline 10,000 ranks x 1,000 steps: {offline_s:.2f} s   target <= 10 s ({offline_s / 10:.2f} of budget)"
+        f"offline 10,000 ranks x 1,000 steps: {offline_s:.2f} s   "
+        f"target <= 10 s ({offline_s / 10:.2f} of budget)"
     )
     stream_ms, stream_p95 = streaming_scale(10_000, 60)
     print(
