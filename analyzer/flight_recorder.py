@@ -28,6 +28,7 @@ from typing import Any
 
 from vigil import schema
 from vigil.analyzer import findings, hangs
+from vigil.analyzer import stacks as stacks_mod
 
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 MAX_DUMP_BYTES = 512 * 1024 * 1024  # a 20,000-entry buffer with stacks is ~100 MB
@@ -210,11 +211,8 @@ def group_states(dumps: Sequence[Dump]) -> list[GroupState]:
 
 
 def group_stacks(stacks: Mapping[int, Sequence[str]]) -> list[tuple[list[int], tuple[str, ...]]]:
-    """Ranks grouped by identical stack, largest group first."""
-    groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for rank, stack in stacks.items():
-        groups[tuple(stack)].append(rank)
-    return sorted(((sorted(r), s) for s, r in groups.items()), key=lambda x: (-len(x[0]), x[0]))
+    """Ranks grouped by identical stack, largest group first (see `stacks.group`)."""
+    return stacks_mod.group(stacks)
 
 
 def analyze(dumps: Sequence[Dump], *, job_id: str, now_s: float = 0.0) -> list[schema.Finding]:

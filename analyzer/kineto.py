@@ -187,6 +187,8 @@ def _meta(name: str, args: _Args | None) -> NcclMeta:
 
 
 def _int(value: Any, default: int = -1) -> int:
+    if value is None:
+        return default
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -300,11 +302,10 @@ class _Selection:
             args = e.args
             stream = corr = -1
             if args is not None:
-                stream, corr = args.stream, args.correlation
-                if type(stream) is not int:
-                    stream = -1 if stream is None else _int(stream)
-                if type(corr) is not int:
-                    corr = -1 if corr is None else _int(corr)
+                raw_stream, raw_corr = args.stream, args.correlation
+                # The fast path is a plain int; None and strings are rare.
+                stream = raw_stream if type(raw_stream) is int else _int(raw_stream)
+                corr = raw_corr if type(raw_corr) is int else _int(raw_corr)
             name = e.name if isinstance(e.name, str) else str(e.name)
             if stream >= 0 and corr >= 0:
                 gpu.append((ts, dur, stream, corr, name, args))

@@ -3,8 +3,10 @@ path, analyse them, and collect everything into one `Report`.
 
 Files are recognised by content, not name: `*.jsonl` are SDK record lines (dispatched by their
 `type` tag), JSON starting like a Chrome trace is Kineto, JSON or pickle shaped like torch's
-Flight Recorder output is a dump. A corrupt or truncated file is reported with its name and the
-reason and the remaining files are still analysed. Reads the given files only; no other I/O.
+Flight Recorder output is a dump, and `*stack*.txt` files are per-rank py-spy or faulthandler
+dumps whose stacks are grouped by identity and attached to hang findings. A corrupt or
+truncated file is reported with its name and the reason, and the remaining files are still
+analysed. Reads the given files only; no other I/O.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from vigil import codec, schema
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import engine, findings, kineto, kineto_analysis
+from vigil.analyzer import engine, findings, kineto, kineto_analysis, stacks
 from vigil.analyzer import flight_recorder as fr
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ class Report:
     alignment: kineto_analysis.Alignment | None = None
     lags: list[kineto_analysis.Lag] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
+    stack_groups: list[tuple[list[int], tuple[str, ...]]] = field(default_factory=list)
     num_records: int = 0
     num_dumps: int = 0
     files: int = 0
@@ -70,9 +75,11 @@ def discover(path: Path) -> list[Path]:
 
 
 def classify(path: Path) -> str:
-    """ "jsonl", "kineto", "dump" or "" (not ours) from the name and the first bytes."""
+    """The file's kind: jsonl, kineto, dump, stacks, or "" (not ours), from name and first bytes."""
     if path.suffix == ".jsonl":
         return "jsonl"
+    if path.suffix == ".txt":
+        return "stacks" if "stack" in path.name.lower() else ""
     try:
         with path.open("rb") as fh:
             head = fh.read(4096)
@@ -106,6 +113,7 @@ def analyze_path(
     records: list[schema.Record] = []
     traces: list[kineto.KinetoTrace] = []
     dumps: dict[Path, list[fr.Dump]] = defaultdict(list)
+    rank_stacks: dict[int, tuple[str, ...]] = {}
     for p, kind in files:
         if progress is not None:
             progress(done, total, str(p))
@@ -114,6 +122,8 @@ def analyze_path(
                 records.extend(_read_jsonl(p, report))
             elif kind == "kineto":
                 traces.append(kineto.load(p))
+            elif kind == "stacks":
+                _read_stack(p, rank_stacks, report)
             else:
                 dumps[p.parent].append(fr.load(p))
         except (kineto.TraceError, fr.DumpError) as exc:
@@ -131,7 +141,41 @@ def analyze_path(
         report.findings.extend(
             fr.analyze(_unique_ranks(group), job_id=job_id or folder.name or default_job)
         )
+    if rank_stacks:
+        report.stack_groups = stacks.group(rank_stacks)
+        report.findings = [_with_stacks(f, report.stack_groups) for f in report.findings]
     return report
+
+
+def _read_stack(p: Path, into: dict[int, tuple[str, ...]], report: Report) -> None:
+    rank = stacks.rank_of(p)
+    try:
+        frames = stacks.parse(p.read_text(errors="replace"))
+    except OSError as exc:
+        report.errors.append(FileError(path=str(p), reason=f"cannot read ({exc})"))
+        return
+    if rank is None or not frames:
+        why = "no rank number in the file name" if rank is None else "no py-spy/faulthandler frames"
+        report.errors.append(FileError(path=str(p), reason=why))
+        return
+    into[rank] = frames
+
+
+def _with_stacks(
+    finding: schema.Finding, groups: list[tuple[list[int], tuple[str, ...]]]
+) -> schema.Finding:
+    """Hang findings gain one evidence line per stack group (largest first)."""
+    if finding.kind != schema.FindingKind.HANG or any(
+        e.metric == "stack_group_ranks" for e in finding.evidence
+    ):
+        return finding
+    extra = [
+        findings.evidence(
+            "stack_group_ranks", len(ranks), note=f"ranks {ranks}: {' <- '.join(frames[:3])}"
+        )
+        for ranks, frames in groups[:4]
+    ]
+    return msgspec.structs.replace(finding, evidence=[*finding.evidence, *extra])
 
 
 def _unique_ranks(group: list[fr.Dump]) -> list[fr.Dump]:

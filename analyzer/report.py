@@ -53,6 +53,7 @@ def to_dict(report: offline.Report) -> dict[str, Any]:
             }
             for lag in report.lags
         ],
+        "stack_groups": [{"ranks": r, "frames": list(f)} for r, f in report.stack_groups],
         "errors": [{"path": e.path, "reason": e.reason} for e in report.errors],
         "files": report.files,
         "records": report.num_records,
@@ -89,6 +90,13 @@ def to_text(report: offline.Report) -> str:
                 f"  rank {rank:>5}: offset {offset:12.1f} us, "
                 f"residual skew {a.residual_us[rank]:10.1f} us"
             )
+    if report.stack_groups:
+        lines.append("")
+        lines.append(f"Stacks ({len(report.stack_groups)} distinct, largest group first):")
+        for ranks, frames in report.stack_groups:
+            shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+            lines.append(f"  {len(ranks)} rank(s) [{shown}]:")
+            lines.extend(f"      {frame}" for frame in frames[:6])
     lines.append("")
     if report.findings:
         lines.append(f"Findings ({len(report.findings)}):")

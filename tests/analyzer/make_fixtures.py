@@ -81,6 +81,39 @@ def jsonl_fixtures() -> None:
     write_jsonl(DATA / "jsonl_hang", hang, beats)
     with (DATA / "jsonl_hang" / "train-hang" / "rank-00000.jsonl").open("ab") as fh:
         fh.write(b'{"type": "step", "job_id": "train-hang", "rank": "zero"}\n')
+    write_stacks(DATA / "jsonl_hang" / "stacks", culprit=6, ranks=8)
+
+
+WAITING = [
+    ("wait", "torch/distributed/distributed_c10d.py", 4501),
+    ("all_reduce", "torch/distributed/distributed_c10d.py", 2501),
+    ("train_step", "train.py", 88),
+    ("main", "train.py", 120),
+]
+LOADING = [
+    ("_recv_bytes", "multiprocessing/connection.py", 430),
+    ("__next__", "torch/utils/data/dataloader.py", 631),
+    ("train_step", "train.py", 80),
+    ("main", "train.py", 120),
+]
+
+
+def write_stacks(folder: Path, *, culprit: int, ranks: int) -> None:
+    """py-spy `dump` text for most ranks, faulthandler text for the last (both formats occur)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        frames = LOADING if rank == culprit else WAITING
+        if rank == ranks - 1:
+            text = "Thread 0x00007f00aa (most recent call first):\n"
+            text += '  File "threading.py", line 331 in wait\n\n'
+            text += "Current thread 0x00007f00bb (most recent call first):\n"
+            text += "".join(f'  File "{f}", line {n} in {fn}\n' for fn, f, n in frames)
+        else:
+            text = f"Process {4000 + rank}: python train.py\nPython v3.11.7 (/usr/bin/python3)\n\n"
+            text += f'Thread {4000 + rank} (active): "MainThread"\n'
+            text += "".join(f"    {fn} ({f}:{n})\n" for fn, f, n in frames)
+            text += 'Thread 4100 (idle): "pin_memory"\n    wait (threading.py:331)\n'
+        (folder / f"stacks-rank-{rank:05d}.txt").write_text(text)
 
 
 def _entry(

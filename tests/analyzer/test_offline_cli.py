@@ -36,6 +36,11 @@ def test_json_report_of_a_hang_with_a_corrupt_line(
     assert "all_reduce #26 of group 'dp'" in hang["summary"]
     [error] = doc["errors"]
     assert error["path"].endswith("rank-00000.jsonl:86") and "StepRecord.rank" in error["reason"]
+    # py-spy and faulthandler dumps of the same stack land in one group; the culprit stands apart.
+    assert [g["ranks"] for g in doc["stack_groups"]] == [[0, 1, 2, 3, 4, 5, 7], [6]]
+    assert doc["stack_groups"][1]["frames"][1] == "__next__ (torch/utils/data/dataloader.py:631)"
+    notes = [e["note"] for e in hang["evidence"] if e["metric"] == "stack_group_ranks"]
+    assert notes[1].startswith("ranks [6]: _recv_bytes")
 
 
 def test_kineto_folder_json_report(kineto_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
