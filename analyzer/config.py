@@ -101,8 +101,9 @@ class AnalyzerConfig:
     mfu: MfuConfig = field(default_factory=MfuConfig)
     # Rolling window of steps kept per job by the streaming analyzer.
     stream_window_steps: int = 64
-    # A step is analysed once all known ranks reported it, or once a step this many steps newer
-    # arrived (a rank that stopped reporting must not stall analysis of the others).
+    # A step is analysed once all known ranks reported it, or once 90 % of the ranks reported a
+    # step this many steps newer (a silent rank must not stall analysis of the others, and one
+    # rank's early shipment must not get a step analysed before the other ranks' arrive).
     stream_step_lag: int = 2
 
     def __post_init__(self) -> None:

@@ -2,7 +2,9 @@
 
 `StreamingAnalyzer.observe(records)` keeps per-job rolling state (keyed by `record.job_id`):
 a window of recent steps x ranks, per-rank persistence counts and a hang tracker. A step is
-analysed once every known rank reported it, or once a step `stream_step_lag` newer arrived.
+analysed once every known rank reported it, or once 90 % of ranks reported a step
+`stream_step_lag` newer: a silent rank does not stall the others, and senders may ship per rank
+(one rank's records for several steps per batch) without steps being analysed early.
 Analysing one step scores its row (median/MAD over ranks, vectorised), updates the rolling
 persistence counts, and only when a rank newly becomes persistent runs the same array detectors
 as offline analysis over the window, so streaming and `vigil analyze` agree. `tick(now_s)`
@@ -71,8 +73,12 @@ class _JobStream:
                 newest_beat = max(newest_beat, r.time_s)
             elif type(r) is not agg_type:
                 self._feed_other(r)
+        out: list[schema.Finding] = []
+        if steps:  # analyse what the ring would overwrite before it moves on
+            batch_newest = max(s.step for s in steps)
+            out.extend(self._analyse_ready(force_upto=batch_newest - self.window.capacity // 2))
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
-        self.window.add_steps(steps, oldest)
+        latest_end = self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
         for agg in aggs:
             self.hang.observe_position(
@@ -83,7 +89,9 @@ class _JobStream:
             self.newest_step = max(self.newest_step, max(numbers))
             if self.next_step < 0:
                 self.next_step = min(numbers)
-        out = self._analyse_ready()
+            # Progress is any step ending, whether or not its step has been analysed yet.
+            self.hang.observe_progress(max(numbers), latest_end)
+        out.extend(self._analyse_ready())
         if newest_beat and not self.job_done:
             hang = self.hang.check(newest_beat)
             if hang is not None:
@@ -103,19 +111,23 @@ class _JobStream:
             self.window.add_sample(r.rank, r.time_s, r.metric, r.value)
 
     # --- analysis ----------------------------------------------------------------------
-    def _ready(self, step: int) -> bool:
+    def _ready(self, step: int, quorum: int, force_upto: int) -> bool:
+        """All known ranks reported `step`; or nearly all moved `stream_step_lag` past it (a
+        silent rank must not stall the others, a late shipment must not be analysed early);
+        or the ring needs its row."""
         if step > self.newest_step:
             return False
-        if step <= self.newest_step - self.cfg.stream_step_lag:
+        if step <= force_upto or step <= quorum - self.cfg.stream_step_lag:
             return True
         row = step % self.window.capacity
         return bool(
             self.window.row_step[row] == step and self.window.reported[row] >= self.window.num_ranks
         )
 
-    def _analyse_ready(self) -> list[schema.Finding]:
+    def _analyse_ready(self, force_upto: int = -1) -> list[schema.Finding]:
         out: list[schema.Finding] = []
-        while self.next_step >= 0 and self._ready(self.next_step):
+        quorum = self.window.quorum_step()
+        while self.next_step >= 0 and self._ready(self.next_step, quorum, force_upto):
             step = self.next_step
             self.next_step += 1
             row = step % self.window.capacity

@@ -41,6 +41,7 @@ class StepWindow:
         self._width = 0
         self._data = {name: np.full((capacity, 0), np.nan, dtype=np.float32) for name in _FIELDS}
         self.row_step = np.full(capacity, -1, dtype=np.int64)
+        self.rank_newest = np.full(0, -1, dtype=np.int64)  # per column: newest step reported
         self.reported = np.zeros(capacity, dtype=np.int64)
         self.start_s = np.full(capacity, np.inf)
         self.end_s = np.full(capacity, -np.inf)
@@ -72,6 +73,9 @@ class StepWindow:
             new = np.full((self.capacity, width), np.nan, dtype=np.float32)
             new[:, : self._width] = old
             self._data[name] = new
+        newest = np.full(width, -1, dtype=np.int64)
+        newest[: self._width] = self.rank_newest
+        self.rank_newest = newest
         self._width = width
 
     def set_node(self, rank: int, node: str) -> None:
@@ -100,10 +104,13 @@ class StepWindow:
             self._lookup[rank] = self.column(int(rank))
         return self._lookup[ranks]
 
-    def add_steps(self, records: Sequence[schema.StepRecord], oldest_allowed: int) -> None:
-        """Scatter step records into the ring (vectorised: one pass over the records)."""
+    def add_steps(self, records: Sequence[schema.StepRecord], oldest_allowed: int) -> float:
+        """Scatter step records into the ring (vectorised: one pass over the records).
+
+        Returns the latest step end among the records (0 when there were none).
+        """
         if not records:
-            return
+            return 0.0
         # A list of tuples, then one fromiter: ~3x faster than a generator or np.array.
         rows: list[tuple[float, ...]]
         if self.peak_flops > 0:
@@ -131,10 +138,11 @@ class StepWindow:
         values = np.fromiter(flat, dtype=np.float64, count=width * len(rows)).reshape(-1, width)
         steps = values[:, 1].astype(np.int64)
         keep = steps >= oldest_allowed  # older steps were analysed and left the window
+        latest_end = float(values[:, 3].max())
         if not keep.all():
             values, steps = values[keep], steps[keep]
         if not steps.size:
-            return
+            return latest_end
         row = steps % self.capacity
         for step in np.unique(steps):
             self.row_for(int(step))
@@ -154,6 +162,15 @@ class StepWindow:
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
+        np.maximum.at(self.rank_newest, col, steps)
+        return latest_end
+
+    def quorum_step(self, share: float = 0.1) -> int:
+        """The newest step that all but `share` of the ranks have reported (-1 if none)."""
+        newest = self.rank_newest[: self.num_ranks]
+        if newest.size == 0:
+            return -1
+        return int(np.quantile(newest, share, method="lower"))
 
     def add_aggregates(
         self, records: Sequence[schema.CollectiveAggregate], oldest_allowed: int

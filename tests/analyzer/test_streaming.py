@@ -88,3 +88,22 @@ def test_late_records_for_analysed_steps_are_dropped_quietly() -> None:
     batches = list(s.records())
     _feed(analyzer, iter(batches))
     assert analyzer.observe(batches[1]) == []  # step 0 again, long after it was analysed
+
+
+def test_per_rank_shipments_of_several_steps_are_analysed_like_the_whole_job() -> None:
+    """Each SDK ships its own rank: a batch holds one rank's records for 10 steps."""
+    s = _sim(STRAGGLER)
+    batches = list(s.records())
+    info, steps = (
+        batches[0],
+        [r for b in batches[1:] for r in b if isinstance(r, schema.StepRecord)],
+    )
+    analyzer = streaming.StreamingAnalyzer()
+    found = list(analyzer.observe(info))
+    for first in range(0, 60, 10):
+        for rank in range(32):
+            shipment = [r for r in steps if r.rank == rank and first <= r.step < first + 10]
+            found.extend(analyzer.observe(shipment))
+    offline = [f for f in engine.analyze_arrays(s.arrays) if f.kind == "straggler"]
+    streamed = [f for f in found if f.kind == "straggler"]
+    assert [f.finding_id for f in streamed] == [f.finding_id for f in offline]
