@@ -51,6 +51,7 @@ class StepArrays:
     step_start_s: npt.NDArray[np.float64]  # earliest start among ranks, per step
     step_end_s: npt.NDArray[np.float64]  # latest end among ranks, per step
     nodes: tuple[str, ...]
+    devices: tuple[str, ...] = ()  # device UUID per rank ("" unknown); empty when none known
     stages: npt.NDArray[np.int32] | None = None
     sm_clock_hz: F32 | None = None
     throttled: F32 | None = None  # 1 where a harmful NVML throttle reason was active
@@ -182,6 +183,7 @@ def _assemble(
     np.minimum.at(start, s, raw[:, 2])
     np.maximum.at(end, s, raw[:, 3])
     nodes = tuple(infos[int(x)].node if int(x) in infos else "" for x in rank_ids)
+    devices = tuple(infos[int(x)].device_uuid if int(x) in infos else "" for x in rank_ids)
     stages = None
     if job is not None and rank_ids.size == job.world_size:
         stages = stages_for_layout(job.layout, job.world_size)
@@ -198,6 +200,7 @@ def _assemble(
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,
+        devices=devices if any(devices) else (),
         stages=stages,
     )
     if samples:

@@ -14,18 +14,13 @@ from vigil import schema
 
 
 def finding_id(job_id: str, kind: schema.FindingKind, subjects: schema.Subjects, step: int) -> str:
-    """A stable id: the same episode of the same fault on the same subjects gets the same id."""
-    key = "|".join(
-        (
-            job_id,
-            str(kind),
-            ",".join(map(str, subjects.ranks)),
-            ",".join(subjects.nodes),
-            ",".join(subjects.devices),
-            ",".join(subjects.links),
-            str(step),
-        )
-    )
+    """A stable id: the same episode of the same fault on the same subjects gets the same id.
+
+    Ranks identify the subjects; node and device names only when no rank is named, so a finding
+    keeps its id whether or not the job's RankInfo records had arrived when it was raised.
+    """
+    who = ",".join(map(str, subjects.ranks)) or ",".join([*subjects.nodes, *subjects.devices])
+    key = "|".join((job_id, str(kind), who, ",".join(subjects.links), str(step)))
     digest = hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:20]
     return f"{kind}-{digest}"
 

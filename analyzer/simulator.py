@@ -365,6 +365,7 @@ def simulate(config: ScenarioConfig) -> Simulation:
         step_start_s=start[:-1],
         step_end_s=start[1:],
         nodes=nodes,
+        devices=tuple(f"GPU-{r:08d}" for r in range(cfg.num_ranks)),
         stages=stages,
         sm_clock_hz=clock,
         throttled=throttled,

@@ -174,7 +174,11 @@ def rank_finding(
     return findings.make_finding(
         kind=kind,
         job_id=a.job_id,
-        subjects=schema.Subjects(ranks=[rank], nodes=[node] if node else []),
+        subjects=schema.Subjects(
+            ranks=[rank],
+            nodes=[node] if node else [],
+            devices=[a.devices[col]] if a.devices and a.devices[col] else [],
+        ),
         step_start=int(a.steps[first]),
         step_end=int(a.steps[last]),
         summary=summary,

@@ -106,7 +106,7 @@ class _JobStream:
             for rank in range(r.world_size):
                 self.window.column(rank)
         elif isinstance(r, schema.RankInfo):
-            self.window.set_node(r.rank, r.node)
+            self.window.set_node(r.rank, r.node, r.device_uuid)
         elif isinstance(r, schema.Sample) and r.rank >= 0:
             self.window.add_sample(r.rank, r.time_s, r.metric, r.value)
 

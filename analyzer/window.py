@@ -38,6 +38,7 @@ class StepWindow:
         self._lookup = np.full(0, -1, dtype=np.int64)  # rank id -> column, -1 if unseen
         self._rank_ids: list[int] = []
         self._nodes: list[str] = []
+        self._devices: list[str] = []
         self._width = 0
         self._data = {name: np.full((capacity, 0), np.nan, dtype=np.float32) for name in _FIELDS}
         self.row_step = np.full(capacity, -1, dtype=np.int64)
@@ -62,6 +63,7 @@ class StepWindow:
             self._cols[rank] = col
             self._rank_ids.append(rank)
             self._nodes.append("")
+            self._devices.append("")
             if col >= self._width:
                 self._grow(max(8, 2 * self._width, col + 1))
         return col
@@ -78,8 +80,10 @@ class StepWindow:
         self.rank_newest = newest
         self._width = width
 
-    def set_node(self, rank: int, node: str) -> None:
-        self._nodes[self.column(rank)] = node
+    def set_node(self, rank: int, node: str, device: str = "") -> None:
+        col = self.column(rank)
+        self._nodes[col] = node
+        self._devices[col] = device
 
     def row_for(self, step: int) -> int:
         """The ring row of `step`, cleared if it held an older step."""
@@ -230,6 +234,7 @@ class StepWindow:
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),
+            devices=tuple(self._devices) if any(self._devices) else (),
             stages=stages,
             sm_clock_hz=clock,
             throttled=throttled,

@@ -33,6 +33,7 @@ def test_streaming_and_offline_agree_on_a_straggler() -> None:
     ]
     offline = [f for f in engine.analyze_arrays(s.arrays) if f.kind == "straggler"]
     assert [f.subjects.ranks for f in streamed] == [f.subjects.ranks for f in offline] == [[21]]
+    assert streamed[0].subjects.devices == ["GPU-00000021"]  # from RankInfo.device_uuid
     assert streamed[0].step_start == offline[0].step_start
     assert streamed[0].finding_id == offline[0].finding_id  # the collector upserts one finding
 
