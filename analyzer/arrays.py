@@ -1,0 +1,262 @@
+"""Step x rank matrices that every detector works on, and their construction from wire records.
+
+`StepArrays` holds one job's per-step, per-rank timings as float32 matrices shaped [steps, ranks]
+(NaN = not reported). The simulator produces them directly; `from_records` builds them from SDK
+records (StepRecord, CollectiveAggregate, RankInfo, Job, Sample). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from vigil import schema
+
+F32 = npt.NDArray[np.float32]
+
+# NVML clocks-event (throttle) reason bits that mean the GPU is being slowed against its will:
+# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40,
+# HwPowerBrakeSlowdown 0x80. Idle (0x1), application clocks (0x2), sync boost (0x10) and display
+# clocks (0x100) are benign.
+HARMFUL_THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+def is_sm_clock_metric(metric: str) -> bool:
+    """NVML SM clock readings, whatever unit suffix the agent gave them."""
+    name = metric.lower()
+    return "clock" in name and "sm" in name
+
+
+def is_throttle_metric(metric: str) -> bool:
+    name = metric.lower()
+    return "throttle" in name or "clocks_event" in name
+
+
+@dataclass(kw_only=True)
+class StepArrays:
+    """One job's steps (rows) x ranks (columns); see the module docstring."""
+
+    job_id: str
+    steps: npt.NDArray[np.int64]
+    ranks: npt.NDArray[np.int64]
+    step_time_s: F32
+    data_s: F32
+    comm_wait_s: F32
+    transfer_s: F32  # collective device time minus time waiting for peers; NaN if unknown
+    tokens: F32
+    mfu: F32
+    step_start_s: npt.NDArray[np.float64]  # earliest start among ranks, per step
+    step_end_s: npt.NDArray[np.float64]  # latest end among ranks, per step
+    nodes: tuple[str, ...]
+    devices: tuple[str, ...] = ()  # device UUID per rank ("" unknown); empty when none known
+    stages: npt.NDArray[np.int32] | None = None
+    sm_clock_hz: F32 | None = None
+    throttled: F32 | None = None  # 1 where a harmful NVML throttle reason was active
+    _compute: F32 | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shape = (self.steps.size, self.ranks.size)
+        for name in ("step_time_s", "data_s", "comm_wait_s", "transfer_s", "tokens", "mfu"):
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected {shape}")
+        if len(self.nodes) != self.ranks.size:
+            raise ValueError(f"nodes names {len(self.nodes)} ranks, expected {self.ranks.size}")
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.steps.size)
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.ranks.size)
+
+    def compute_s(self) -> F32:
+        """Compute time per rank and step: step time minus exposed comm wait and data time.
+
+        Computed once and cached: treat the arrays as read-only after the first call.
+        """
+        if self._compute is None:
+            out = self.step_time_s - self.comm_wait_s - self.data_s
+            np.maximum(out, 0.0, out=out)
+            self._compute = out
+        return self._compute
+
+    def job_mfu(self) -> npt.NDArray[np.float64]:
+        """Per-step MFU of the job (mean over ranks); falls back to throughput when MFU is 0."""
+        with np.errstate(all="ignore"):
+            mfu: npt.NDArray[np.float64] = np.nanmean(self.mfu, axis=1, dtype=np.float64)
+            if np.nansum(mfu) > 0:
+                return mfu
+            tokens = np.nansum(self.tokens, axis=1, dtype=np.float64)
+            time = np.nanmax(self.step_time_s, axis=1).astype(np.float64)
+            rate: npt.NDArray[np.float64] = np.where(time > 0, tokens / time, np.nan)
+            return rate
+
+
+def stages_for_layout(
+    layout: schema.ParallelLayout, world_size: int
+) -> npt.NDArray[np.int32] | None:
+    """Pipeline stage of each rank, with Megatron's default order (pipeline is the slowest dim)."""
+    if layout.pp <= 1 or world_size % layout.pp:
+        return None
+    per_stage = world_size // layout.pp
+    return (np.arange(world_size, dtype=np.int32) // per_stage).astype(np.int32)
+
+
+def from_records(records: Iterable[schema.Record], *, job_id: str | None = None) -> StepArrays:
+    """Build one job's arrays from its records; other jobs' records are ignored."""
+    steps: list[schema.StepRecord] = []
+    aggs: list[schema.CollectiveAggregate] = []
+    infos: dict[int, schema.RankInfo] = {}
+    samples: list[schema.Sample] = []
+    job: schema.Job | None = None
+    for record in records:
+        rec_job = getattr(record, "job_id", None)
+        if job_id is None and rec_job and not isinstance(record, schema.Sample):
+            job_id = rec_job
+        if rec_job not in (job_id, "", None):
+            continue
+        if isinstance(record, schema.StepRecord):
+            steps.append(record)
+        elif isinstance(record, schema.CollectiveAggregate):
+            aggs.append(record)
+        elif isinstance(record, schema.RankInfo):
+            infos[record.rank] = record
+        elif isinstance(record, schema.Sample):
+            samples.append(record)
+        elif isinstance(record, schema.Job):
+            job = record
+    if not steps:
+        raise ValueError(f"no step records for job {job_id!r}")
+    return _assemble(str(job_id), steps, aggs, infos, samples, job)
+
+
+def _assemble(
+    job_id: str,
+    steps: Sequence[schema.StepRecord],
+    aggs: Sequence[schema.CollectiveAggregate],
+    infos: dict[int, schema.RankInfo],
+    samples: Sequence[schema.Sample],
+    job: schema.Job | None,
+) -> StepArrays:
+    raw = np.array(
+        [
+            (
+                s.rank,
+                s.step,
+                s.start_s,
+                s.end_s,
+                s.data_s,
+                s.comm_wait_s,
+                s.tokens,
+                s.mfu,
+                s.model_flops,
+            )
+            for s in steps
+        ],
+        dtype=np.float64,
+    )
+    rank_ids = np.unique(raw[:, 0].astype(np.int64))
+    if job is not None:
+        rank_ids = np.union1d(rank_ids, np.arange(job.world_size, dtype=np.int64))
+    step_ids = np.unique(raw[:, 1].astype(np.int64))
+    r = np.searchsorted(rank_ids, raw[:, 0].astype(np.int64))
+    s = np.searchsorted(step_ids, raw[:, 1].astype(np.int64))
+    shape = (step_ids.size, rank_ids.size)
+
+    def scatter(values: npt.NDArray[np.float64]) -> F32:
+        out = np.full(shape, np.nan, dtype=np.float32)
+        out[s, r] = values
+        return out
+
+    step_time = raw[:, 3] - raw[:, 2]
+    mfu = raw[:, 7]
+    peak = job.peak_flops if job is not None else 0.0
+    if peak > 0:
+        derived = np.where(step_time > 0, raw[:, 8] / np.maximum(step_time, 1e-12) / peak, 0.0)
+        mfu = np.where(mfu > 0, mfu, derived)
+    start = np.full(step_ids.size, np.inf)
+    end = np.full(step_ids.size, -np.inf)
+    np.minimum.at(start, s, raw[:, 2])
+    np.maximum.at(end, s, raw[:, 3])
+    nodes = tuple(infos[int(x)].node if int(x) in infos else "" for x in rank_ids)
+    devices = tuple(infos[int(x)].device_uuid if int(x) in infos else "" for x in rank_ids)
+    stages = None
+    if job is not None and rank_ids.size == job.world_size:
+        stages = stages_for_layout(job.layout, job.world_size)
+    arrays = StepArrays(
+        job_id=job_id,
+        steps=step_ids,
+        ranks=rank_ids,
+        step_time_s=scatter(step_time),
+        data_s=scatter(raw[:, 4]),
+        comm_wait_s=scatter(raw[:, 5]),
+        transfer_s=_transfer(aggs, rank_ids, step_ids, shape),
+        tokens=scatter(raw[:, 6]),
+        mfu=scatter(mfu),
+        step_start_s=start,
+        step_end_s=end,
+        nodes=nodes,
+        devices=devices if any(devices) else (),
+        stages=stages,
+    )
+    if samples:
+        _attach_samples(arrays, samples, infos, scatter(raw[:, 3]))
+    return arrays
+
+
+def _transfer(
+    aggs: Sequence[schema.CollectiveAggregate],
+    rank_ids: npt.NDArray[np.int64],
+    step_ids: npt.NDArray[np.int64],
+    shape: tuple[int, int],
+) -> F32:
+    out = np.full(shape, np.nan, dtype=np.float32)
+    if not aggs:
+        return out
+    raw = np.array([(a.rank, a.step, a.total_device_s - a.total_wait_s) for a in aggs])
+    r = np.searchsorted(rank_ids, raw[:, 0].astype(np.int64))
+    s = np.searchsorted(step_ids, raw[:, 1].astype(np.int64))
+    ok = (r < rank_ids.size) & (s < step_ids.size)
+    ok[ok] &= (rank_ids[r[ok]] == raw[ok, 0]) & (step_ids[s[ok]] == raw[ok, 1])
+    total = np.zeros(shape, dtype=np.float64)
+    seen = np.zeros(shape, dtype=bool)
+    np.add.at(total, (s[ok], r[ok]), np.maximum(raw[ok, 2], 0.0))
+    seen[s[ok], r[ok]] = True
+    out[seen] = total[seen]
+    return out
+
+
+def _attach_samples(
+    arrays: StepArrays,
+    samples: Sequence[schema.Sample],
+    infos: dict[int, schema.RankInfo],
+    end_s: F32,
+) -> None:
+    """Average SM clocks and OR harmful throttle bits into the step each sample fell in."""
+    by_device = {(i.node, i.device_uuid): rank for rank, i in infos.items() if i.device_uuid}
+    col = {int(rank): i for i, rank in enumerate(arrays.ranks)}
+    clock_sum = np.zeros(end_s.shape)
+    clock_n = np.zeros(end_s.shape)
+    throttled = np.zeros(end_s.shape, dtype=np.float32)
+    for sample in samples:
+        rank = sample.rank if sample.rank >= 0 else by_device.get((sample.node, sample.device), -1)
+        c = col.get(rank)
+        if c is None:
+            continue
+        ends = end_s[:, c]
+        row = int(np.searchsorted(np.nan_to_num(ends, nan=np.inf), sample.time_s))
+        if row >= ends.size:
+            continue
+        if is_sm_clock_metric(sample.metric):
+            clock_sum[row, c] += sample.value
+            clock_n[row, c] += 1
+        elif is_throttle_metric(sample.metric) and int(sample.value) & HARMFUL_THROTTLE_BITS:
+            throttled[row, c] = 1.0
+    if clock_n.any():
+        with np.errstate(invalid="ignore"):
+            arrays.sm_clock_hz = (clock_sum / clock_n).astype(np.float32)
+    arrays.throttled = throttled

@@ -1,0 +1,115 @@
+"""Tunable thresholds of the detectors, as typed keyword-only dataclasses that validate themselves.
+
+Pure configuration: no I/O, no imports of other vigil subsystems. Each default carries the reason
+it was chosen; change them through `AnalyzerConfig(straggler=StragglerConfig(...), ...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    """When a rank's compute, data or transfer time is an outlier, and for how long."""
+
+    # Robust z (median/MAD) above which a rank is an outlier at one step; 4 keeps clean jobs of
+    # 1,000+ ranks quiet while a 10 % slowdown with 2 % jitter still scores ~5.
+    z_threshold: float = 4.0
+    # ... and it must also be this much slower than the step's median (fraction): tiny MADs on
+    # very regular jobs would otherwise turn 1 % wobbles into huge z-scores.
+    min_excess: float = 0.05
+    # Persistence: an outlier in at least `min_hits` of the last `window` steps is reported;
+    # 5 of 8 rides over one-off hiccups (GC, page faults) and still reports within 8 steps.
+    window: int = 8
+    min_hits: int = 5
+    # Floor of the robust scale as a fraction of the median, so identical values never divide by 0.
+    scale_floor: float = 0.005
+    # Data-loader time counts only when it is at least this share of the step time.
+    min_data_share: float = 0.05
+    # A slow link is reported when its outlier ranks cover at least this share of a node's ranks.
+    node_coverage: float = 0.5
+
+    def __post_init__(self) -> None:
+        _require(self.z_threshold > 0, f"z_threshold must be > 0, got {self.z_threshold}")
+        _require(0 <= self.min_excess < 10, f"min_excess must be in [0, 10), got {self.min_excess}")
+        _require(self.window >= 1, f"window must be >= 1 step, got {self.window}")
+        _require(
+            1 <= self.min_hits <= self.window,
+            f"min_hits must be in [1, window={self.window}], got {self.min_hits}",
+        )
+        _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
+        _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
+        _require(0 < self.node_coverage <= 1, "node_coverage must be in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangConfig:
+    """How long silence must last before it is a hang, learned from recent step times."""
+
+    # A hang is declared after `factor` x the median recent step time without progress ...
+    factor: float = 2.0
+    # ... but never sooner than this: heartbeats arrive about once a second, so a shorter
+    # threshold would mistake one late heartbeat batch for a hang.
+    min_s: float = 2.0
+    # Until `warmup_steps` steps have been seen (compilation, first checkpoint load) the
+    # threshold is this long.
+    warmup_s: float = 300.0
+    warmup_steps: int = 5
+    # How many recent steps the median step time is taken over.
+    history_steps: int = 50
+
+    def __post_init__(self) -> None:
+        _require(self.factor >= 1.0, f"factor must be >= 1, got {self.factor}")
+        _require(self.min_s > 0, f"min_s must be > 0 seconds, got {self.min_s}")
+        _require(self.warmup_s >= self.min_s, "warmup_s must be >= min_s")
+        _require(self.warmup_steps >= 1, "warmup_steps must be >= 1")
+        _require(self.history_steps >= 1, "history_steps must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MfuConfig:
+    """The windowed change-point test on per-step MFU (or throughput when MFU is unknown)."""
+
+    # Baseline and recent windows (steps) compared by the test.
+    baseline_steps: int = 30
+    recent_steps: int = 8
+    # Report drops of at least this fraction of the baseline (5 %: below it, noise and real
+    # input-dependent variation dominate on real jobs).
+    min_drop: float = 0.05
+    # The drop must also be this many robust standard errors of the baseline.
+    z_threshold: float = 6.0
+
+    def __post_init__(self) -> None:
+        _require(self.baseline_steps >= 4, "baseline_steps must be >= 4")
+        _require(self.recent_steps >= 2, "recent_steps must be >= 2")
+        _require(0 < self.min_drop < 1, f"min_drop must be in (0, 1), got {self.min_drop}")
+        _require(self.z_threshold > 0, "z_threshold must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzerConfig:
+    """Everything the detectors need; the defaults suit jobs of 8 to 10,000 ranks."""
+
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
+    mfu: MfuConfig = field(default_factory=MfuConfig)
+    # Rolling window of steps kept per job by the streaming analyzer.
+    stream_window_steps: int = 64
+    # A step is analysed once all known ranks reported it, or once 90 % of the ranks reported a
+    # step this many steps newer (a silent rank must not stall analysis of the others, and one
+    # rank's early shipment must not get a step analysed before the other ranks' arrive).
+    stream_step_lag: int = 2
+
+    def __post_init__(self) -> None:
+        need = max(self.straggler.window, self.mfu.baseline_steps + self.mfu.recent_steps)
+        _require(
+            self.stream_window_steps >= need,
+            f"stream_window_steps must be >= {need} (persistence and MFU windows)",
+        )
+        _require(self.stream_step_lag >= 0, "stream_step_lag must be >= 0")

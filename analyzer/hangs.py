@@ -1,0 +1,250 @@
+"""Hang detection: progress stopped for longer than a threshold learned from recent step times.
+
+`HangTracker` follows one job: when steps end, and where each rank is (last collective sequence
+number per process group, from heartbeats and collective aggregates). `check(now_s)` declares a
+hang once no step has ended for `max(factor x median recent step time, min_s)` seconds, and names
+the culprits: following who waits for whom (a rank waiting in group G at sequence q waits for the
+members of G that have not reached q), the ranks at the end of those chains never entered the
+collective the others wait in. Pure: the caller supplies `now_s`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from vigil import schema
+from vigil.analyzer import config as config_mod
+from vigil.analyzer import findings
+
+
+def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.HangConfig) -> float:
+    """Seconds without progress that count as a hang, given recent step times."""
+    if len(recent_step_times_s) < cfg.warmup_steps:
+        return cfg.warmup_s
+    return max(cfg.factor * statistics.median(recent_step_times_s), cfg.min_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """Where one rank waits: inside collective `seq` of `group` (op `op`)."""
+
+    rank: int
+    group: str
+    seq: int
+    op: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Culprits:
+    """The ranks that never entered the collective others wait in, and that collective."""
+
+    ranks: tuple[int, ...]
+    group: str
+    seq: int
+    op: str
+    num_waiting: int
+    resolved: bool  # False when the culprits are a best guess (membership unknown)
+
+
+def find_culprits(
+    waits: Sequence[Wait], seqs: dict[str, dict[int, int]], alive: Iterable[int]
+) -> Culprits | None:
+    """Follow the wait-for graph from every waiting rank to ranks that are not waiting.
+
+    `seqs[group][rank]` is the last sequence number `rank` entered in `group`; membership of a
+    group is the ranks ever seen in it. `alive` are all ranks known to the job.
+    """
+    if not waits:
+        return None
+    waiting = {w.rank: w for w in waits}
+    culprits: set[int] = set()
+    frontier = list(waiting.values())
+    visited: set[int] = set(waiting)
+    while frontier:
+        wait = frontier.pop()
+        for member, seq in seqs.get(wait.group, {}).items():
+            if seq >= wait.seq or member in visited:
+                continue
+            visited.add(member)
+            if member in waiting:
+                frontier.append(waiting[member])
+            else:
+                culprits.add(member)
+    target = _deepest_wait(waits, culprits, seqs)
+    if culprits:
+        return Culprits(
+            ranks=tuple(sorted(culprits)),
+            group=target.group,
+            seq=target.seq,
+            op=target.op,
+            num_waiting=len(waiting),
+            resolved=True,
+        )
+    idle = sorted(set(alive) - set(waiting))
+    if not idle or len(idle) * 2 > len(waiting) + len(idle):
+        return None
+    return Culprits(
+        ranks=tuple(idle),
+        group=target.group,
+        seq=target.seq,
+        op=target.op,
+        num_waiting=len(waiting),
+        resolved=False,
+    )
+
+
+def _deepest_wait(
+    waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]
+) -> Wait:
+    """The collective the culprits should have entered: the wait they block most directly.
+
+    Among the collectives ranks wait in, pick one a culprit has not entered with the fewest
+    members missing (a hang in a node's tensor-parallel group also stalls the data-parallel
+    all-reduce; the tensor-parallel collective is the one to name).
+    """
+    best, best_missing = waits[0], None
+    for wait in {(w.group, w.seq): w for w in waits}.values():
+        members = seqs.get(wait.group, {})
+        missing = [m for m, seq in members.items() if seq < wait.seq]
+        if not culprits.intersection(missing):
+            continue
+        if best_missing is None or len(missing) < best_missing:
+            best, best_missing = wait, len(missing)
+    return best
+
+
+class HangTracker:
+    """One job's progress and rank positions; see the module docstring."""
+
+    def __init__(self, job_id: str, cfg: config_mod.HangConfig) -> None:
+        self.job_id = job_id
+        self.cfg = cfg
+        self._step_times: deque[float] = deque(maxlen=cfg.history_steps)
+        self._last_progress_s = 0.0
+        self._last_step = -1
+        self._seqs: dict[str, dict[int, int]] = {}
+        self._ops: dict[tuple[str, int], str] = {}
+        self._waits: dict[int, Wait] = {}
+        self._finished: set[int] = set()
+        self._ranks: set[int] = set()
+        self._open: schema.Finding | None = None
+
+    @property
+    def last_progress_s(self) -> float:
+        return self._last_progress_s
+
+    def observe_step_time(self, step: int, end_s: float, step_time_s: float) -> None:
+        """A step completed (job-level: typically the median step time over its ranks)."""
+        self._step_times.append(step_time_s)
+        self.observe_progress(step, end_s)
+
+    def observe_progress(self, step: int, end_s: float) -> None:
+        if end_s > self._last_progress_s:
+            self._last_progress_s = end_s
+        self._last_step = max(self._last_step, step)
+
+    def observe_position(
+        self, rank: int, group: str, seq: int, op: str, state: schema.RankState
+    ) -> None:
+        """Where a rank is now (from a heartbeat or a collective aggregate)."""
+        self._ranks.add(rank)
+        if group:
+            members = self._seqs.setdefault(group, {})
+            if seq >= members.get(rank, -1):
+                members[rank] = seq
+                if op:
+                    self._ops[(group, seq)] = op
+        if state is schema.RankState.IN_COLLECTIVE and group:
+            self._waits[rank] = Wait(rank=rank, group=group, seq=seq, op=op)
+        else:
+            self._waits.pop(rank, None)
+        if state is schema.RankState.FINISHED:
+            self._finished.add(rank)
+
+    def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
+        self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
+        if hb.last_step >= 0 and hb.state is not schema.RankState.IN_COLLECTIVE:
+            self._ranks.add(hb.rank)
+
+    def threshold_s(self) -> float:
+        return learned_threshold_s(list(self._step_times), self.cfg)
+
+    def check(self, now_s: float) -> schema.Finding | None:
+        """A new or resolved hang finding, or None when nothing changed."""
+        if self._last_progress_s <= 0:
+            return None
+        silent = now_s - self._last_progress_s
+        threshold = self.threshold_s()
+        if self._open is not None:
+            if silent < threshold:  # progress resumed
+                resolved = self._open
+                self._open = None
+                return _resolved(resolved, self._last_step)
+            return None
+        if silent <= threshold or (self._ranks and self._finished >= self._ranks):
+            return None
+        self._open = self._hang_finding(now_s, silent, threshold)
+        return self._open
+
+    def _hang_finding(self, now_s: float, silent: float, threshold: float) -> schema.Finding:
+        culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
+        median = statistics.median(self._step_times) if self._step_times else 0.0
+        ev = [
+            findings.evidence(
+                "seconds_without_progress",
+                silent,
+                threshold,
+                unit="s",
+                note="baseline = learned hang threshold",
+            ),
+            findings.evidence("median_step_time", median, unit="s"),
+        ]
+        if culprits is None:
+            subjects = schema.Subjects()
+            summary = (
+                f"no step finished for {silent:.1f} s (threshold {threshold:.1f} s); "
+                "no rank reported waiting in a collective, culprit unknown"
+            )
+            confidence = 0.5
+        else:
+            subjects = schema.Subjects(ranks=list(culprits.ranks))
+            entered = [self._seqs.get(culprits.group, {}).get(r, -1) for r in culprits.ranks]
+            ev.append(
+                findings.evidence(
+                    "culprit_last_seq", min(entered), culprits.seq, note=f"group {culprits.group}"
+                )
+            )
+            ev.append(findings.evidence("ranks_waiting", culprits.num_waiting))
+            shown = ", ".join(map(str, culprits.ranks[:8])) + (
+                "..." if len(culprits.ranks) > 8 else ""
+            )
+            summary = (
+                f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
+                f"#{culprits.seq} of group {culprits.group!r} that {culprits.num_waiting} rank(s) "
+                f"wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
+            )
+            confidence = 0.95 if culprits.resolved else 0.6
+        return findings.make_finding(
+            kind=schema.FindingKind.HANG,
+            job_id=self.job_id,
+            subjects=subjects,
+            step_start=self._last_step + 1,
+            step_end=self._last_step + 1,
+            summary=summary,
+            evidence=ev,
+            confidence=confidence,
+            detected_s=now_s,
+            trace_start_s=self._last_progress_s,
+            trace_end_s=now_s,
+        )
+
+
+def _resolved(finding: schema.Finding, last_step: int) -> schema.Finding:
+    return msgspec.structs.replace(
+        finding, state=schema.FindingState.RESOLVED, step_end=max(finding.step_end, last_step)
+    )

@@ -1,0 +1,105 @@
+"""Robust statistics over step x rank matrices: median/MAD z-scores, persistence and runs.
+
+Pure numpy; arrays are shaped [steps, ranks] so each step's ranks are contiguous. NaN marks a
+missing value (a rank that did not report a step) and never counts as an outlier.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.floating]
+BoolArray = npt.NDArray[np.bool_]
+
+# 1.4826 * MAD estimates the standard deviation of normally distributed data.
+MAD_TO_SIGMA = 1.4826
+
+
+def robust_center_scale(
+    values: FloatArray, *, scale_floor: float, groups: npt.NDArray[np.integer] | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """Per-row median and robust scale of `values` [steps, ranks], optionally per column group.
+
+    Returns arrays broadcastable to `values`. The scale is floored at `scale_floor` x |median| so a
+    perfectly regular job does not divide by zero.
+    """
+    if groups is None:
+        return _center_scale(values, scale_floor)
+    center = np.empty_like(values)
+    scale = np.empty_like(values)
+    for group in np.unique(groups):
+        cols = np.flatnonzero(groups == group)
+        c, s = _center_scale(values[:, cols], scale_floor)
+        center[:, cols] = c
+        scale[:, cols] = s
+    return center, scale
+
+
+def _center_scale(values: FloatArray, scale_floor: float) -> tuple[FloatArray, FloatArray]:
+    with np.errstate(all="ignore"):
+        if np.isnan(values).any():
+            median = np.nanmedian(values, axis=1, keepdims=True)
+            mad = np.nanmedian(np.abs(values - median), axis=1, keepdims=True)
+        else:
+            median = np.median(values, axis=1, keepdims=True)
+            mad = np.median(np.abs(values - median), axis=1, keepdims=True)
+    scale = np.maximum(MAD_TO_SIGMA * mad, scale_floor * np.abs(median))
+    scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny)
+    return median, scale
+
+
+def high_outliers(
+    values: FloatArray,
+    *,
+    z_threshold: float,
+    min_excess: float,
+    scale_floor: float,
+    groups: npt.NDArray[np.integer] | None = None,
+) -> tuple[BoolArray, FloatArray, FloatArray]:
+    """Which entries are unusually HIGH for their step: robust z above threshold and excess.
+
+    Returns (flags, z, median) with flags/z shaped like `values` and median broadcastable.
+    """
+    center, scale = robust_center_scale(values, scale_floor=scale_floor, groups=groups)
+    with np.errstate(invalid="ignore"):
+        z = (values - center) / scale
+        flags = (z > z_threshold) & (values > center * (1.0 + min_excess))
+    return flags, z, center
+
+
+def rolling_hits(flags: BoolArray, window: int) -> npt.NDArray[np.int32]:
+    """How many of the last `window` steps (rows) each column was flagged, at every row."""
+    counts = np.cumsum(flags, axis=0, dtype=np.int32)
+    if window < flags.shape[0]:
+        counts[window:] -= counts[:-window].copy()
+    return counts
+
+
+def runs(mask: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """Inclusive (first, last) index pairs of the True runs of a 1-D mask."""
+    if mask.size == 0:
+        return []
+    padded = np.concatenate(([False], mask, [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def persistent_episodes(
+    flags: npt.NDArray[np.bool_], hits: npt.NDArray[np.int32], min_hits: int
+) -> list[tuple[int, int, int]]:
+    """Episodes of one column as (first flagged row, last flagged row, row it became persistent).
+
+    `flags` is one column of outlier flags and `hits` its `rolling_hits`; a stretch of nonzero
+    hits that never reaches `min_hits` is noise and is dropped.
+    """
+    episodes = []
+    for first, last in runs(hits > 0):
+        reached = np.flatnonzero(hits[first : last + 1] >= min_hits)
+        if reached.size == 0:
+            continue
+        flagged = np.flatnonzero(flags[first : last + 1])
+        episodes.append(
+            (first + int(flagged[0]), first + int(flagged[-1]), first + int(reached[0]))
+        )
+    return episodes

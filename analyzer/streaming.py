@@ -1,0 +1,318 @@
+"""The streaming analyzer the collector calls after each committed batch (`StreamAnalyzer` hook).
+
+`StreamingAnalyzer.observe(records)` keeps per-job rolling state (keyed by `record.job_id`):
+a window of recent steps x ranks, per-rank persistence counts and a hang tracker. A step is
+analysed once every known rank reported it, or once 90 % of ranks reported a step
+`stream_step_lag` newer: a silent rank does not stall the others, and senders may ship per rank
+(one rank's records for several steps per batch) without steps being analysed early.
+Analysing one step scores its row (median/MAD over ranks, vectorised), updates the rolling
+persistence counts, and only when a rank newly becomes persistent runs the same array detectors
+as offline analysis over the window, so streaming and `vigil analyze` agree. `tick(now_s)`
+checks for hangs when no records arrive. Findings are returned with stable ids (re-sent when
+resolved); the collector upserts them. Pure: no I/O, no clocks, no threads; not thread-safe
+(the collector calls it from one task).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections import defaultdict
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from vigil import schema
+from vigil.analyzer import arrays as arrays_mod
+from vigil.analyzer import config as config_mod
+from vigil.analyzer import hangs, imbalance, mfu, stragglers
+from vigil.analyzer import window as window_mod
+
+log = logging.getLogger(__name__)
+Kind = schema.FindingKind
+
+
+class _JobStream:
+    """Rolling state of one job."""
+
+    def __init__(self, job_id: str, cfg: config_mod.AnalyzerConfig, num_ranks: int = 0) -> None:
+        self.cfg = cfg
+        self.window = window_mod.StepWindow(job_id, cfg.stream_window_steps, num_ranks)
+        self.hang = hangs.HangTracker(job_id, cfg.hang)
+        self.analysed: list[int] = []  # chronological steps analysed and still in the window
+        self.num_analysed = 0
+        self.next_step = -1  # lowest step not yet analysed
+        self.newest_step = -1
+        self.flag_ring = {
+            k: np.zeros((cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS
+        }
+        self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
+        self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
+        self.mfu_reported_step = -(10**9)
+        self.mfu_series: list[float] = []
+        self.mfu_steps: list[int] = []
+        self.job_done = False
+
+    # --- feeding -----------------------------------------------------------------------
+    def feed(self, batch: Sequence[schema.Record]) -> list[schema.Finding]:
+        step_type, agg_type, beat_type = (
+            schema.StepRecord,
+            schema.CollectiveAggregate,
+            schema.Heartbeat,
+        )
+        steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]
+        rest: Sequence[schema.Record] = ()
+        if len(steps) < len(batch):
+            rest = [r for r in batch if type(r) is not step_type and type(r) in _MEASURED]
+        aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
+        newest_beat = 0.0
+        for r in rest:
+            if type(r) is beat_type:
+                self.hang.observe_heartbeat(r)
+                newest_beat = max(newest_beat, r.time_s)
+            elif type(r) is not agg_type:
+                self._feed_other(r)
+        out: list[schema.Finding] = []
+        if steps:  # analyse what the ring would overwrite before it moves on
+            batch_newest = max(s.step for s in steps)
+            out.extend(self._analyse_ready(force_upto=batch_newest - self.window.capacity // 2))
+        oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
+        latest_end = self.window.add_steps(steps, oldest)
+        self.window.add_aggregates(aggs, oldest)
+        for agg in aggs:
+            self.hang.observe_position(
+                agg.rank, agg.group, agg.last_seq, agg.op, schema.RankState.COMPUTE
+            )
+        if steps:
+            numbers = [s.step for s in steps]
+            self.newest_step = max(self.newest_step, max(numbers))
+            if self.next_step < 0:
+                self.next_step = min(numbers)
+            # Progress is any step ending, whether or not its step has been analysed yet.
+            self.hang.observe_progress(max(numbers), latest_end)
+        out.extend(self._analyse_ready())
+        if newest_beat and not self.job_done:
+            hang = self.hang.check(newest_beat)
+            if hang is not None:
+                out.append(hang)
+        return out
+
+    def _feed_other(self, r: schema.Record) -> None:
+        if isinstance(r, schema.Job):
+            self.window.peak_flops = r.peak_flops
+            self.window.stages = arrays_mod.stages_for_layout(r.layout, r.world_size)
+            self.job_done = r.state in (schema.JobState.COMPLETED, schema.JobState.FAILED)
+            for rank in range(r.world_size):
+                self.window.column(rank)
+        elif isinstance(r, schema.RankInfo):
+            self.window.set_node(r.rank, r.node, r.device_uuid)
+        elif isinstance(r, schema.Sample) and r.rank >= 0:
+            self.window.add_sample(r.rank, r.time_s, r.metric, r.value)
+
+    # --- analysis ----------------------------------------------------------------------
+    def _ready(self, step: int, quorum: int, force_upto: int) -> bool:
+        """All known ranks reported `step`; or nearly all moved `stream_step_lag` past it (a
+        silent rank must not stall the others, a late shipment must not be analysed early);
+        or the ring needs its row."""
+        if step > self.newest_step:
+            return False
+        if step <= force_upto or step <= quorum - self.cfg.stream_step_lag:
+            return True
+        row = step % self.window.capacity
+        return bool(
+            self.window.row_step[row] == step and self.window.reported[row] >= self.window.num_ranks
+        )
+
+    def _analyse_ready(self, force_upto: int = -1) -> list[schema.Finding]:
+        out: list[schema.Finding] = []
+        quorum = self.window.quorum_step()
+        while self.next_step >= 0 and self._ready(self.next_step, quorum, force_upto):
+            step = self.next_step
+            self.next_step += 1
+            row = step % self.window.capacity
+            if self.window.row_step[row] != step or self.window.reported[row] == 0:
+                continue  # no rank reported this step
+            out.extend(self._analyse(step))
+        return out
+
+    def _analyse(self, step: int) -> list[schema.Finding]:
+        self.analysed.append(step)
+        self.num_analysed += 1
+        if len(self.analysed) > self.window.capacity:
+            del self.analysed[0]
+        one = self.window.view([step])
+        with np.errstate(all="ignore"):
+            median_time = float(np.nanmedian(one.step_time_s))
+        self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
+        scores = stragglers.score(one, self.cfg.straggler)
+        newly = self._update_hits(scores)
+        out: list[schema.Finding] = []
+        if newly:
+            out.extend(self._detect_window())
+        out.extend(self._close_finished())
+        out.extend(self._mfu(step, one))
+        if self.num_analysed % self.cfg.straggler.window == 0:
+            out.extend(self._imbalance())
+        return out
+
+    def _update_hits(self, scores: stragglers.Scores) -> bool:
+        """Roll the persistence counts; True when some rank just became persistent."""
+        newly = False
+        n = self.window.num_ranks
+        slot = self.num_analysed % self.cfg.straggler.window
+        for kind in stragglers.RANK_KINDS:
+            ring, hits = self.flag_ring[kind], self.hits[kind]
+            if ring.shape[1] < n:
+                ring = np.pad(ring, ((0, 0), (0, n - ring.shape[1])))
+                hits = np.pad(hits, (0, n - hits.size))
+            flags = scores.flags(kind)[0, :n]
+            before = hits >= self.cfg.straggler.min_hits
+            hits = hits - ring[slot] + flags
+            ring[slot] = flags
+            newly |= bool((~before & (hits >= self.cfg.straggler.min_hits)).any())
+            self.flag_ring[kind], self.hits[kind] = ring, hits
+        return newly
+
+    def _detect_window(self) -> list[schema.Finding]:
+        a = self.window.view(self.analysed)
+        out = []
+        for finding in stragglers.detect(a, self.cfg.straggler):
+            if finding.step_end < self.analysed[-1] - self.cfg.straggler.window:
+                continue  # an episode that already ended inside the window
+            key = _key(finding)
+            if key not in self.open:
+                self.open[key] = finding
+                out.append(finding)
+        return out
+
+    def _close_finished(self) -> list[schema.Finding]:
+        out = []
+        for key, finding in list(self.open.items()):
+            kind, ranks, _nodes = key
+            hits = self.hits.get(kind)
+            if hits is None or not ranks:
+                continue
+            cols = [self.window.column(r) for r in ranks]
+            if not hits[cols].any():
+                del self.open[key]
+                last = self.analysed[-1] - self.cfg.straggler.window
+                out.append(
+                    msgspec.structs.replace(
+                        finding,
+                        state=schema.FindingState.RESOLVED,
+                        step_end=max(finding.step_end, last),
+                    )
+                )
+        return out
+
+    def _mfu(self, step: int, one: arrays_mod.StepArrays) -> list[schema.Finding]:
+        value = float(one.job_mfu()[0])
+        self.mfu_series.append(value)
+        self.mfu_steps.append(step)
+        keep = self.cfg.stream_window_steps
+        del self.mfu_series[:-keep], self.mfu_steps[:-keep]
+        drops = mfu.find_drops(np.asarray(self.mfu_series, dtype=np.float64), self.cfg.mfu)
+        out = []
+        for drop in drops:
+            change = self.mfu_steps[drop.change_row]
+            if change < self.mfu_reported_step + self.cfg.mfu.baseline_steps:
+                continue
+            self.mfu_reported_step = change
+            a = self.window.view(self.analysed[-len(self.mfu_series) :])
+            metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
+            out.append(mfu.drop_finding(a, drop, metric, self.cfg.mfu))
+        return out
+
+    def _imbalance(self) -> list[schema.Finding]:
+        a = self.window.view(self.analysed)
+        out = []
+        found = imbalance.stage_findings(a, self.cfg.straggler)
+        seqlen = imbalance.seqlen_finding(a)
+        for finding in [*found, *([seqlen] if seqlen else [])]:
+            key = _key(finding)
+            if key not in self.open:
+                self.open[key] = finding
+                out.append(finding)
+        return out
+
+
+def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
+    return (f.kind, tuple(f.subjects.ranks), tuple(f.subjects.nodes))
+
+
+# The record types the analyzer reads (Findings, Actions, Checkpoints and DiagResults are not
+# measurements of the job's progress).
+_MEASURED = frozenset(
+    {
+        schema.StepRecord,
+        schema.CollectiveAggregate,
+        schema.Heartbeat,
+        schema.Sample,
+        schema.Job,
+        schema.RankInfo,
+    }
+)
+
+
+_JOB_ID = operator.attrgetter("job_id")
+
+
+class StreamingAnalyzer:
+    """Implements the collector's `StreamAnalyzer` protocol; see the module docstring."""
+
+    def __init__(self, config: config_mod.AnalyzerConfig | None = None) -> None:
+        self.config = config or config_mod.AnalyzerConfig()
+        self._jobs: dict[str, _JobStream] = {}
+
+    def job_ids(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
+        """Take one committed batch (any record types); return new or updated findings."""
+        by_job: dict[str, Sequence[schema.Record]]
+        try:
+            jobs = set(map(_JOB_ID, records))
+        except AttributeError:  # a record type without a job (DiagResult)
+            jobs = {getattr(r, "job_id", "") for r in records}
+        jobs.discard("")
+        if len(jobs) == 1:  # the common case: one sender's batch (feed skips other types)
+            by_job = {jobs.pop(): records}
+        else:
+            grouped: dict[str, list[schema.Record]] = defaultdict(list)
+            for record in records:
+                job = getattr(record, "job_id", "")
+                if job and type(record) in _MEASURED:
+                    grouped[job].append(record)
+            by_job = dict(grouped)
+        out: list[schema.Finding] = []
+        for job, batch in by_job.items():
+            stream = self._jobs.get(job)
+            if stream is None and not any(type(r) in _MEASURED for r in batch):
+                continue  # e.g. only findings or actions about a job not seen yet
+            if stream is None:
+                world = next((r.world_size for r in batch if isinstance(r, schema.Job)), 0)
+                stream = self._jobs[job] = _JobStream(job, self.config, world)
+            try:
+                out.extend(stream.feed(batch))
+            except (ValueError, IndexError) as exc:  # bad data for one job must not stop others
+                log.warning("job %s: batch skipped by the analyzer: %s", job, exc)
+        return out
+
+    def tick(self, now_s: float) -> list[schema.Finding]:
+        """Check every job for a hang at `now_s` (call about once a second)."""
+        out = []
+        for stream in self._jobs.values():
+            if stream.job_done:
+                continue
+            finding = stream.hang.check(now_s)
+            if finding is not None:
+                out.append(finding)
+        return out
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's state."""
+        self._jobs.pop(job_id, None)
+
+
+__all__ = ["StreamingAnalyzer"]

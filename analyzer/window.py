@@ -1,0 +1,241 @@
+"""A job's rolling window of recent steps for the streaming analyzer, filled from records.
+
+Rows are steps (a ring of `capacity` rows, row = step % capacity), columns ranks (grown as ranks
+appear). Filling is vectorised per batch; `view(steps)` returns chronological `StepArrays` of
+chosen steps for the array detectors. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from vigil import schema
+from vigil.analyzer import arrays as arrays_mod
+
+_FIELDS = (
+    "step_time_s",
+    "data_s",
+    "comm_wait_s",
+    "transfer_s",
+    "tokens",
+    "mfu",
+    "sm_clock_hz",
+    "throttled",
+)
+
+
+class StepWindow:
+    """Recent steps x ranks of one job; see the module docstring."""
+
+    def __init__(self, job_id: str, capacity: int, num_ranks: int = 0) -> None:
+        self.job_id = job_id
+        self.capacity = capacity
+        self._cols: dict[int, int] = {}
+        self._lookup = np.full(0, -1, dtype=np.int64)  # rank id -> column, -1 if unseen
+        self._rank_ids: list[int] = []
+        self._nodes: list[str] = []
+        self._devices: list[str] = []
+        self._width = 0
+        self._data = {name: np.full((capacity, 0), np.nan, dtype=np.float32) for name in _FIELDS}
+        self.row_step = np.full(capacity, -1, dtype=np.int64)
+        self.rank_newest = np.full(0, -1, dtype=np.int64)  # per column: newest step reported
+        self.reported = np.zeros(capacity, dtype=np.int64)
+        self.start_s = np.full(capacity, np.inf)
+        self.end_s = np.full(capacity, -np.inf)
+        self.stages: npt.NDArray[np.int32] | None = None  # indexed by rank id
+        self.peak_flops = 0.0
+        self._grow(num_ranks)
+        for rank in range(num_ranks):
+            self.column(rank)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self._rank_ids)
+
+    def column(self, rank: int) -> int:
+        col = self._cols.get(rank)
+        if col is None:
+            col = len(self._rank_ids)
+            self._cols[rank] = col
+            self._rank_ids.append(rank)
+            self._nodes.append("")
+            self._devices.append("")
+            if col >= self._width:
+                self._grow(max(8, 2 * self._width, col + 1))
+        return col
+
+    def _grow(self, width: int) -> None:
+        if width <= self._width:
+            return
+        for name, old in self._data.items():
+            new = np.full((self.capacity, width), np.nan, dtype=np.float32)
+            new[:, : self._width] = old
+            self._data[name] = new
+        newest = np.full(width, -1, dtype=np.int64)
+        newest[: self._width] = self.rank_newest
+        self.rank_newest = newest
+        self._width = width
+
+    def set_node(self, rank: int, node: str, device: str = "") -> None:
+        col = self.column(rank)
+        self._nodes[col] = node
+        self._devices[col] = device
+
+    def row_for(self, step: int) -> int:
+        """The ring row of `step`, cleared if it held an older step."""
+        row = step % self.capacity
+        if self.row_step[row] != step:
+            for values in self._data.values():
+                values[row] = np.nan
+            self.row_step[row] = step
+            self.reported[row] = 0
+            self.start_s[row] = np.inf
+            self.end_s[row] = -np.inf
+        return row
+
+    def columns(self, ranks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Columns of many ranks at once (new ranks get new columns)."""
+        if ranks.size and int(ranks.max()) >= self._lookup.size:
+            grown = np.full(max(int(ranks.max()) + 1, 2 * self._lookup.size), -1, dtype=np.int64)
+            grown[: self._lookup.size] = self._lookup
+            self._lookup = grown
+        cols = self._lookup[ranks]
+        for rank in np.unique(ranks[cols < 0]):
+            self._lookup[rank] = self.column(int(rank))
+        return self._lookup[ranks]
+
+    def add_steps(self, records: Sequence[schema.StepRecord], oldest_allowed: int) -> float:
+        """Scatter step records into the ring (vectorised: one pass over the records).
+
+        Returns the latest step end among the records (0 when there were none).
+        """
+        if not records:
+            return 0.0
+        # A list of tuples, then one fromiter: ~3x faster than a generator or np.array.
+        rows: list[tuple[float, ...]]
+        if self.peak_flops > 0:
+            rows = [
+                (
+                    r.rank,
+                    r.step,
+                    r.start_s,
+                    r.end_s,
+                    r.data_s,
+                    r.comm_wait_s,
+                    r.tokens,
+                    r.mfu,
+                    r.model_flops,
+                )
+                for r in records
+            ]
+        else:  # model FLOPs only matter when MFU must be derived from them
+            rows = [
+                (r.rank, r.step, r.start_s, r.end_s, r.data_s, r.comm_wait_s, r.tokens, r.mfu)
+                for r in records
+            ]
+        width = len(rows[0])
+        flat = itertools.chain.from_iterable(rows)
+        values = np.fromiter(flat, dtype=np.float64, count=width * len(rows)).reshape(-1, width)
+        steps = values[:, 1].astype(np.int64)
+        keep = steps >= oldest_allowed  # older steps were analysed and left the window
+        latest_end = float(values[:, 3].max())
+        if not keep.all():
+            values, steps = values[keep], steps[keep]
+        if not steps.size:
+            return latest_end
+        row = steps % self.capacity
+        for step in np.unique(steps):
+            self.row_for(int(step))
+        col = self.columns(values[:, 0].astype(np.int64))
+        step_time = values[:, 3] - values[:, 2]
+        mfu = values[:, 7]
+        if self.peak_flops > 0:
+            derived = values[:, 8] / np.maximum(step_time, 1e-12) / self.peak_flops
+            mfu = np.where(mfu > 0, mfu, derived)
+        d = self._data
+        fresh = np.isnan(d["step_time_s"][row, col])
+        d["step_time_s"][row, col] = step_time
+        d["data_s"][row, col] = values[:, 4]
+        d["comm_wait_s"][row, col] = values[:, 5]
+        d["tokens"][row, col] = values[:, 6]
+        d["mfu"][row, col] = mfu
+        np.add.at(self.reported, row[fresh], 1)
+        np.minimum.at(self.start_s, row, values[:, 2])
+        np.maximum.at(self.end_s, row, values[:, 3])
+        np.maximum.at(self.rank_newest, col, steps)
+        return latest_end
+
+    def quorum_step(self, share: float = 0.1) -> int:
+        """The newest step that all but `share` of the ranks have reported (-1 if none)."""
+        newest = self.rank_newest[: self.num_ranks]
+        if newest.size == 0:
+            return -1
+        return int(np.quantile(newest, share, method="lower"))
+
+    def add_aggregates(
+        self, records: Sequence[schema.CollectiveAggregate], oldest_allowed: int
+    ) -> None:
+        for r in records:
+            if r.step < oldest_allowed:
+                continue
+            row, col = self.row_for(r.step), self.column(r.rank)
+            cell = self._data["transfer_s"][row, col]
+            part = max(r.total_device_s - r.total_wait_s, 0.0)
+            self._data["transfer_s"][row, col] = part if np.isnan(cell) else cell + part
+
+    def add_sample(self, rank: int, time_s: float, metric: str, value: float) -> None:
+        """Attach an NVML reading to the newest step of `rank` that started before it."""
+        col = self._cols.get(rank)
+        if col is None:
+            return
+        started = np.flatnonzero((self.row_step >= 0) & (self.start_s <= time_s))
+        if started.size == 0:
+            return
+        row = int(started[np.argmax(self.row_step[started])])
+        if arrays_mod.is_sm_clock_metric(metric):
+            self._data["sm_clock_hz"][row, col] = value
+        elif arrays_mod.is_throttle_metric(metric):
+            harmful = int(value) & arrays_mod.HARMFUL_THROTTLE_BITS
+            self._data["throttled"][row, col] = 1.0 if harmful else 0.0
+
+    def view(self, steps: Sequence[int]) -> arrays_mod.StepArrays:
+        """Chronological arrays of `steps` (which must still be in the window).
+
+        One step is a view into the ring (no copy): use it before the ring moves on.
+        """
+        n = self.num_ranks
+        rows: npt.NDArray[np.int64] | slice
+        if len(steps) == 1:
+            first = steps[0] % self.capacity
+            rows = slice(first, first + 1)
+        else:
+            rows = np.asarray([s % self.capacity for s in steps], dtype=np.int64)
+        d = {name: values[rows, :n] for name, values in self._data.items()}
+        clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
+        throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
+        ids = np.asarray(self._rank_ids, dtype=np.int64)
+        stages = None
+        if self.stages is not None and n and int(ids.max()) < self.stages.size:
+            stages = self.stages[ids]
+        return arrays_mod.StepArrays(
+            job_id=self.job_id,
+            steps=np.asarray(steps, dtype=np.int64),
+            ranks=ids,
+            step_time_s=d["step_time_s"],
+            data_s=d["data_s"],
+            comm_wait_s=d["comm_wait_s"],
+            transfer_s=d["transfer_s"],
+            tokens=d["tokens"],
+            mfu=d["mfu"],
+            step_start_s=self.start_s[rows],
+            step_end_s=self.end_s[rows],
+            nodes=tuple(self._nodes),
+            devices=tuple(self._devices) if any(self._devices) else (),
+            stages=stages,
+            sm_clock_hz=clock,
+            throttled=throttled,
+        )

@@ -1,0 +1,85 @@
+"""Hang detection: learned thresholds, the wait-for graph, and the streaming tick."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil import schema
+from vigil.analyzer import config, hangs, streaming
+from vigil.analyzer import simulator as sim
+
+CFG = config.HangConfig()
+
+
+def test_threshold_is_learned_from_recent_step_times() -> None:
+    assert hangs.learned_threshold_s([1.0] * 3, CFG) == CFG.warmup_s  # still warming up
+    assert hangs.learned_threshold_s([4.0] * 10, CFG) == pytest.approx(8.0)
+    assert hangs.learned_threshold_s([0.1] * 10, CFG) == CFG.min_s  # never below the floor
+
+
+def test_wait_graph_follows_waiting_ranks_to_the_culprit() -> None:
+    # Rank 3 never entered tp group "tp1" #7; rank 2 waits there; ranks 0-1 wait in dp #5.
+    seqs = {"dp": {0: 5, 1: 5, 2: 4, 3: 4}, "tp1": {2: 7, 3: 6}}
+    waits = [
+        hangs.Wait(rank=0, group="dp", seq=5, op="all_reduce"),
+        hangs.Wait(rank=1, group="dp", seq=5, op="all_reduce"),
+        hangs.Wait(rank=2, group="tp1", seq=7, op="all_gather"),
+    ]
+    culprits = hangs.find_culprits(waits, seqs, {0, 1, 2, 3})
+    assert culprits is not None and culprits.ranks == (3,) and culprits.resolved
+    assert (culprits.group, culprits.seq, culprits.op) == ("tp1", 7, "all_gather")
+
+
+def _hang_scenario(collective: int, ranks: int = 32) -> sim.Simulation:
+    faults = (sim.Fault(kind=sim.FaultKind.HANG, rank=13, collective=collective, start_step=30),)
+    return sim.simulate(sim.ScenarioConfig(num_ranks=ranks, num_steps=60, faults=faults, seed=2))
+
+
+@pytest.mark.parametrize(("collective", "group"), [(0, "tp1"), (1, "tp1"), (2, "dp")])
+def test_streaming_hang_found_in_time_with_culprit(collective: int, group: str) -> None:
+    s = _hang_scenario(collective)
+    assert s.hang is not None
+    analyzer = streaming.StreamingAnalyzer()
+    for batch in s.records():
+        assert [f for f in analyzer.observe(batch) if f.kind == "hang"] == []
+    median = float(s.arrays.step_time_s.mean())
+    budget = max(3 * median, 5.0)
+    found = None
+    t = s.hang.onset_s
+    while found is None and t < s.hang.onset_s + 30:
+        t += 0.5
+        # Heartbeats keep arriving during a hang: either they or the tick raise it.
+        raised = [*analyzer.observe(s.positions_at(t)), *analyzer.tick(t)]
+        found = next(iter(raised), None)
+    assert found is not None and t - s.hang.onset_s <= budget
+    assert found.subjects.ranks == [13] and found.step_start == 30
+    assert f"of group '{group}'" in found.summary
+    assert any(e.metric == "seconds_without_progress" for e in found.evidence)
+
+
+def test_no_hang_while_steps_keep_finishing_or_after_the_job_finished() -> None:
+    s = sim.simulate(sim.ScenarioConfig(num_ranks=16, num_steps=30, seed=3))
+    analyzer = streaming.StreamingAnalyzer()
+    for batch in s.records():
+        analyzer.observe(batch)
+    end = float(s.arrays.step_end_s[-1])
+    assert analyzer.tick(end + 1.0) == []
+    done = [
+        schema.Heartbeat(job_id="sim", rank=r, time_s=end + 1.5, state=schema.RankState.FINISHED)
+        for r in range(16)
+    ]
+    assert [f for f in analyzer.observe(done) if f.kind == "hang"] == []
+    assert analyzer.tick(end + 60.0) == []
+
+
+def test_hang_resolves_when_progress_resumes() -> None:
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    hang = tracker.check(120.0)
+    assert hang is not None and hang.state == "open" and hang.subjects.ranks == []
+    assert "culprit unknown" in hang.summary and hang.confidence == 0.5
+    tracker.observe_progress(10, 121.0)
+    resolved = tracker.check(121.5)
+    assert resolved is not None and resolved.state == "resolved"
+    assert resolved.finding_id == hang.finding_id

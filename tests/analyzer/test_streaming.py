@@ -1,0 +1,110 @@
+"""The streaming hook: per-job rolling state, agreement with offline analysis, resolution."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from vigil import schema
+from vigil.analyzer import engine, streaming
+from vigil.analyzer import simulator as sim
+
+STRAGGLER = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1.25, start_step=20)
+
+
+def _sim(*faults: sim.Fault, job: str = "sim", steps: int = 60) -> sim.Simulation:
+    return sim.simulate(
+        sim.ScenarioConfig(job_id=job, num_ranks=32, num_steps=steps, faults=faults, seed=6)
+    )
+
+
+def _feed(
+    analyzer: streaming.StreamingAnalyzer, batches: Iterator[list[schema.Record]]
+) -> list[schema.Finding]:
+    out: list[schema.Finding] = []
+    for batch in batches:
+        out.extend(analyzer.observe(batch))
+    return out
+
+
+def test_streaming_and_offline_agree_on_a_straggler() -> None:
+    s = _sim(STRAGGLER)
+    streamed = [
+        f for f in _feed(streaming.StreamingAnalyzer(), s.records()) if f.kind == "straggler"
+    ]
+    offline = [f for f in engine.analyze_arrays(s.arrays) if f.kind == "straggler"]
+    assert [f.subjects.ranks for f in streamed] == [f.subjects.ranks for f in offline] == [[21]]
+    assert streamed[0].subjects.devices == ["GPU-00000021"]  # from RankInfo.device_uuid
+    assert streamed[0].step_start == offline[0].step_start
+    assert streamed[0].finding_id == offline[0].finding_id  # the collector upserts one finding
+
+
+def test_finding_resolves_with_the_same_id_when_the_rank_recovers() -> None:
+    recover = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1 / 1.25, start_step=40)
+    found = [
+        f
+        for f in _feed(streaming.StreamingAnalyzer(), _sim(STRAGGLER, recover).records())
+        if f.kind == "straggler"
+    ]
+    assert [f.state for f in found] == ["open", "resolved"]
+    assert found[0].finding_id == found[1].finding_id
+    assert 39 <= found[1].step_end <= 41
+
+
+def test_a_silent_rank_does_not_stall_analysis_of_the_others() -> None:
+    s = _sim(STRAGGLER)
+    analyzer = streaming.StreamingAnalyzer()
+
+    def without_rank_0() -> Iterator[list[schema.Record]]:
+        for batch in s.records():
+            yield [
+                r for r in batch if getattr(r, "rank", -1) != 0 or isinstance(r, schema.RankInfo)
+            ]
+
+    found = [f for f in _feed(analyzer, without_rank_0()) if f.kind == "straggler"]
+    assert [f.subjects.ranks for f in found] == [[21]]
+
+
+def test_jobs_are_kept_apart_in_mixed_batches() -> None:
+    a, b = _sim(STRAGGLER, job="job-a"), _sim(job="job-b")
+    analyzer = streaming.StreamingAnalyzer()
+    found = []
+    for batch_a, batch_b in zip(a.records(), b.records(), strict=True):
+        found.extend(analyzer.observe([*batch_a, *batch_b]))
+    assert analyzer.job_ids() == ["job-a", "job-b"]
+    assert {f.job_id for f in found} == {"job-a"}
+    assert [f.subjects.ranks for f in found if f.kind == "straggler"] == [[21]]
+
+
+def test_findings_and_actions_in_a_batch_are_ignored() -> None:
+    analyzer = streaming.StreamingAnalyzer()
+    finding = schema.Finding(finding_id="x", kind=schema.FindingKind.HANG, job_id="j")
+    action = schema.Action(action_id="a", kind=schema.ActionKind.RESTART, job_id="j")
+    assert analyzer.observe([finding, action]) == []
+    assert analyzer.job_ids() == []
+
+
+def test_late_records_for_analysed_steps_are_dropped_quietly() -> None:
+    s = _sim(steps=40)
+    analyzer = streaming.StreamingAnalyzer()
+    batches = list(s.records())
+    _feed(analyzer, iter(batches))
+    assert analyzer.observe(batches[1]) == []  # step 0 again, long after it was analysed
+
+
+def test_per_rank_shipments_of_several_steps_are_analysed_like_the_whole_job() -> None:
+    """Each SDK ships its own rank: a batch holds one rank's records for 10 steps."""
+    s = _sim(STRAGGLER)
+    batches = list(s.records())
+    info, steps = (
+        batches[0],
+        [r for b in batches[1:] for r in b if isinstance(r, schema.StepRecord)],
+    )
+    analyzer = streaming.StreamingAnalyzer()
+    found = list(analyzer.observe(info))
+    for first in range(0, 60, 10):
+        for rank in range(32):
+            shipment = [r for r in steps if r.rank == rank and first <= r.step < first + 10]
+            found.extend(analyzer.observe(shipment))
+    offline = [f for f in engine.analyze_arrays(s.arrays) if f.kind == "straggler"]
+    streamed = [f for f in found if f.kind == "straggler"]
+    assert [f.finding_id for f in streamed] == [f.finding_id for f in offline]
