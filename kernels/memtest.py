@@ -246,7 +246,7 @@ def measurements(outcome: MemtestOutcome) -> list[measurement.Measurement]:
         measurement.Measurement(
             test="memtest.coverage",
             value=outcome.coverage,
-            unit="fraction of free memory",
+            unit="fraction",
             kind=measurement.Kind.INFO,
         ),
         measurement.Measurement(
