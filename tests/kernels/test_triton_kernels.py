@@ -64,5 +64,7 @@ def test_stream_rejects_mismatched_shapes() -> None:
 def test_integer_mixing_kernel_is_bit_exact_and_shows_a_fault() -> None:
     want = triton_hash.reference(5000, seed=0xDEADBEEF, rounds=32, device=CPU)
     assert torch.equal(triton_hash.run(5000, seed=0xDEADBEEF, rounds=32, device=CPU), want)
-    faulty = triton_hash.run(5000, seed=0xDEADBEEF, rounds=32, device=CPU, fault_index=77, fault_mask=2)
+    faulty = triton_hash.run(
+        5000, seed=0xDEADBEEF, rounds=32, device=CPU, fault_index=77, fault_mask=2
+    )
     assert (faulty != want).nonzero().flatten().tolist() == [77]
