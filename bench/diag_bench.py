@@ -33,7 +33,8 @@ def _gemm(target: devices.Target, size: int, dtypes: tuple[str, ...], iters: int
         triton = "n/a" if f.triton_tflops is None else f"{f.triton_tflops:9.3f}"
         _line(
             f"GEMM {f.dtype} {size}^3 TFLOP/s",
-            f"triton {triton}  torch {f.torch_tflops:9.3f}  ratio {f.ratio_to_torch or 0:.3f}  "
+            f"triton[{f.triton_variant or '-'}] {triton}  torch {f.torch_tflops:9.3f}  "
+            f"ratio {f.ratio_to_torch or 0:.3f}  "
             f"rel.err {f.rel_error if f.rel_error is not None else float('nan'):.1e} "
             f"({'agrees' if f.agrees else 'DISAGREES'})",
         )
