@@ -137,7 +137,8 @@ def _device_matmul(
         from vigil.kernels import triton_gemm
 
         kernel_fault = triton_gemm.Fault(index=fault.index, mask=fault.mask) if fault else None
-        return triton_gemm.matmul(a, b, out_dtype=torch.float32, fault=kernel_fault)
+        meta = triton_gemm.FIXED_META if a.is_cuda else None
+        return triton_gemm.matmul(a, b, out_dtype=torch.float32, fault=kernel_fault, meta=meta)
     # fp32 math (CUDA cores, or TF32 tensor cores: exact too for operands in [-4, 4]).
     c = torch.matmul(a.float(), b.float())
     if fault is not None:  # the torch path has no kernel to plant it in: corrupt the result

@@ -7,7 +7,7 @@
 # dir, so no install is needed, then:
 #   1. runs the `gpu`-marked tests (compiled Triton kernels, bf16/fp8 GEMM, the CUDA memory test
 #      built with torch.utils.cpp_extension, NVML, the quick suite) and counts passes/failures;
-#   2. runs bench/diag_bench.py on cuda:0: GEMM 8192^3 (Triton vs cuBLAS), STREAM 2 GiB arrays
+#   2. runs bench/diag_bench.py on cuda:0: GEMM 8192^3 bf16+fp8 (Triton vs cuBLAS), STREAM 2 GiB arrays
 #      (Triton vs torch), SDC, a 10 s burn, the memory test over ~92 % of free memory.
 # The last line of output is one JSON object: {"gemm_ratio_to_torch", "copy_ratio_to_torch",
 # "memtest_coverage", "memtest_tb_per_s", "gpu_tests_passed", "gpu_tests_failed"}.
@@ -56,7 +56,7 @@ echo "python: $py  ($("$py" -c 'import torch, triton; print("torch", torch.__ver
 echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be built')"
 
 echo "== gpu tests =="
-(cd "$tree" && timeout 300 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=240 \
+(cd "$tree" && timeout 270 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=200 \
   --junitxml="$tree/gpu.xml" tests/kernels/test_gpu.py 2>&1 | tail -25)
 read -r passed failed < <("$py" - "$tree/gpu.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
@@ -71,7 +71,7 @@ PY
 )
 
 echo "== figures =="
-cd "$tree" && timeout 330 "$py" "$root/bench/diag_bench.py" --device cuda \
+cd "$tree" && timeout 200 "$py" "$root/bench/diag_bench.py" --device cuda \
   --gpu-tests-passed "$passed" --gpu-tests-failed "$failed"
 status=$?
 if [ $status -ne 0 ]; then
