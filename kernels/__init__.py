@@ -14,7 +14,7 @@ from vigil.kernels.measurement import Kind, Measurement
 from vigil.kernels.memtest import MemFault, MemtestConfig
 from vigil.kernels.sdc import Fault as SdcFault
 from vigil.kernels.sdc import SdcConfig
-from vigil.kernels.ship import Delivery, ShipConfig, ship
+from vigil.kernels.ship import Delivery, ShipConfig, send
 from vigil.kernels.suite import Level, Suite, SuitePlan, default_plan
 from vigil.kernels.thermal import BurnConfig
 from vigil.kernels.verdict import FleetBaseline, judge
@@ -45,5 +45,5 @@ __all__ = [
     "default_plan",
     "judge",
     "local_targets",
-    "ship",
+    "send",
 ]

@@ -119,7 +119,7 @@ def _ship(results: list[schema.DiagResult], url: str, common: settings.CommonSet
     config = ship.ShipConfig(
         url=url, token=common.token, spool_dir=common.data_dir / "spool" / "diag"
     )
-    outcome = ship.ship(results, config)
+    outcome = ship.send(results, config)
     message = f"diag results {outcome.delivery.value} ({outcome.batch_id}) {outcome.detail}".strip()
     Console(stderr=True).print(message)
 

@@ -53,7 +53,7 @@ class ShipOutcome:
     detail: str = ""
 
 
-def ship(
+def send(
     records: Sequence[schema.Record],
     config: ShipConfig,
     *,

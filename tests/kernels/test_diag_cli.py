@@ -136,7 +136,7 @@ def test_shipping_retries_server_errors_then_succeeds(ingest: tuple[str, Ingest]
     url, state = ingest
     state.statuses = [503, 502]
     waits: list[float] = []
-    outcome = ship.ship(_records(), ship.ShipConfig(url=url, backoff_s=0.1), sleep=waits.append)
+    outcome = ship.send(_records(), ship.ShipConfig(url=url, backoff_s=0.1), sleep=waits.append)
     assert outcome.delivery == "accepted" and waits == [0.1, 0.2]
     assert len(state.batches) == 1 and state.batches[0].batch_id == outcome.batch_id
     # Every attempt carried the same batch id, so the collector stores the batch once.
@@ -147,7 +147,7 @@ def test_shipping_retries_server_errors_then_succeeds(ingest: tuple[str, Ingest]
 def test_shipping_never_retries_a_rejection(ingest: tuple[str, Ingest]) -> None:
     url, state = ingest
     state.statuses = [400]
-    outcome = ship.ship(_records(), ship.ShipConfig(url=url), sleep=lambda _s: None)
+    outcome = ship.send(_records(), ship.ShipConfig(url=url), sleep=lambda _s: None)
     assert outcome.delivery == "rejected" and "scripted failure" in outcome.detail
     assert len(state.headers) == 1
 
@@ -156,7 +156,7 @@ def test_an_unreachable_collector_spools_the_batch(tmp_path: Path) -> None:
     # Nothing listens on this port: every attempt fails to connect, then the frame is spooled.
     with httpx.Client() as client:
         config = ship.ShipConfig(url="http://127.0.0.1:9", attempts=2, spool_dir=tmp_path)
-        outcome = ship.ship(_records(), config, client=client, sleep=lambda _s: None)
+        outcome = ship.send(_records(), config, client=client, sleep=lambda _s: None)
     assert outcome.delivery == "spooled"
     (spooled,) = tmp_path.glob("*.vgl")
     assert codec.decode_batch(spooled.read_bytes()).records == _records()
