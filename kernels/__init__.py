@@ -15,7 +15,7 @@ from vigil.kernels.memtest import MemFault, MemtestConfig
 from vigil.kernels.sdc import Fault as SdcFault
 from vigil.kernels.sdc import SdcConfig
 from vigil.kernels.ship import Delivery, ShipConfig, send
-from vigil.kernels.suite import Level, Suite, SuitePlan, default_plan
+from vigil.kernels.suite import Level, Suite, SuitePlan, default_plan, healthy, run_node
 from vigil.kernels.thermal import BurnConfig
 from vigil.kernels.verdict import FleetBaseline, judge
 
@@ -43,7 +43,9 @@ __all__ = [
     "cpu_target",
     "cuda_targets",
     "default_plan",
+    "healthy",
     "judge",
     "local_targets",
+    "run_node",
     "send",
 ]

@@ -21,7 +21,6 @@ from vigil import cli, codec, schema, settings
 from vigil.kernels import devices, ship, suite, verdict
 
 log = logging.getLogger(__name__)
-_BAD = (schema.Verdict.SUSPECT, schema.Verdict.FAIL)
 _STYLE = {"pass": "green", "suspect": "yellow", "fail": "bold red", "unknown": "dim"}
 
 
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     url = args.collector or common.collector_url
     if url:
         _ship(results, url, common)
-    return 1 if any(r.verdict in _BAD for r in results) else 0
+    return 0 if suite.healthy(results) else 1
 
 
 def _run_with_progress(runner: suite.Suite) -> list[schema.DiagResult]:

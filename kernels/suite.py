@@ -253,3 +253,30 @@ def _guarded(
                 note=f"{type(exc).__name__}: {exc}",
             )
         ]
+
+
+def run_node(
+    level: Level = Level.QUICK,
+    *,
+    fleet: verdict.FleetBaseline | None = None,
+    node: str | None = None,
+    cpu: bool = False,
+    only: set[str] | None = None,
+) -> list[schema.DiagResult]:
+    """Run the default plan on this node's devices: the trainer's pre-flight check and the
+    recovery controller's check of a suspect node call this (or `vigil diag`)."""
+    targets = devices.local_targets(cpu=cpu)
+    plan = default_plan(level, on_gpu=targets[0].is_cuda)
+    runner = Suite(
+        plan=plan.only(only) if only else plan,
+        targets=targets,
+        fleet=fleet or verdict.FleetBaseline(),
+    )
+    if node:
+        runner.node = node
+    return runner.run()
+
+
+def healthy(results: list[schema.DiagResult]) -> bool:
+    """True when no result is suspect or failed."""
+    return not any(r.verdict in (schema.Verdict.SUSPECT, schema.Verdict.FAIL) for r in results)

@@ -2,8 +2,8 @@
 # GPU figures of vigil's diagnostic kernels, for a CUDA machine (made for one H200, <= 8 minutes).
 #
 # Self-contained: needs only a Python with a CUDA build of torch, Triton and vigil's runtime
-# dependencies (msgspec, zstandard, pydantic-settings, rich, httpx, nvidia-ml-py, pytest) and nvcc
-# for the memory test. It lays vigil out as a wheel would (vigil/ with kernels/ inside) in a temp
+# dependencies (msgspec, zstandard, pydantic-settings, rich, httpx, nvidia-ml-py, pytest), and nvcc
+# plus ninja for the memory test (torch.utils.cpp_extension builds it). It lays vigil out as a wheel would (vigil/ with kernels/ inside) in a temp
 # dir, so no install is needed, then:
 #   1. runs the `gpu`-marked tests (compiled Triton kernels, bf16/fp8 GEMM, the CUDA memory test
 #      built with torch.utils.cpp_extension, NVML, the quick suite) and counts passes/failures;
@@ -32,7 +32,7 @@ if ! py=$(pick_python); then
 fi
 missing=$("$py" - <<'PY'
 import importlib.util
-need = ["triton", "msgspec", "zstandard", "pydantic_settings", "rich", "httpx", "pynvml", "pytest"]
+need = ["triton", "msgspec", "zstandard", "pydantic_settings", "rich", "httpx", "pynvml", "pytest", "ninja"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 PY
 )

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from vigil import api, cli, codec, schema
-from vigil.kernels import ship
+from vigil.kernels import healthy, run_node, ship, suite
 
 
 class Ingest:
@@ -160,3 +160,16 @@ def test_an_unreachable_collector_spools_the_batch(tmp_path: Path) -> None:
     assert outcome.delivery == "spooled"
     (spooled,) = tmp_path.glob("*.vgl")
     assert codec.decode_batch(spooled.read_bytes()).records == _records()
+
+
+def test_run_node_is_the_preflight_api_the_trainer_calls() -> None:
+    results = run_node(suite.Level.QUICK, only={"sdc", "gemm"}, node="preflight-node")
+    assert {r.test for r in results} >= {"sdc.mismatches", "sdc.checksum", "gemm.fp32.torch"}
+    assert {r.node for r in results} == {"preflight-node"}
+    assert healthy(results)
+    failed = [
+        schema.DiagResult(
+            node="n", device="cpu", test="sdc.mismatches", value=1.0, verdict=schema.Verdict.FAIL
+        )
+    ]
+    assert not healthy(results + failed)
