@@ -63,7 +63,7 @@ class GemmFigures:
     triton_tflops: float | None
     rel_error: float | None
     tolerance: float
-    triton_variant: str = ""  # the fastest of vigil's Triton kernels: "pointer" or "tma"
+    triton_variant: str = ""  # the fastest Triton kernel: pointer, tma or tma-persistent
 
     @property
     def ratio_to_torch(self) -> float | None:
@@ -170,7 +170,8 @@ def _seconds(
 def _triton_variants(
     target: devices.Target,
 ) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """vigil's Triton matmuls this device runs: pointer tiles everywhere, TMA from sm_90 on."""
+    """vigil's Triton matmuls this device runs: pointer tiles everywhere, TMA (tiled and
+    persistent) from sm_90 on."""
     from vigil.kernels import triton_gemm
 
     variants: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -180,6 +181,7 @@ def _triton_variants(
         from vigil.kernels import triton_gemm_tma
 
         variants["tma"] = lambda a, b: triton_gemm_tma.matmul(a, b)
+        variants["tma-persistent"] = lambda a, b: triton_gemm_tma.matmul(a, b, persistent=True)
     return variants
 
 

@@ -56,7 +56,7 @@ echo "python: $py  ($("$py" -c 'import torch, triton; print("torch", torch.__ver
 echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be built')"
 
 echo "== gpu tests =="
-(cd "$tree" && timeout 270 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=200 \
+(cd "$tree" && timeout 280 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=200 \
   --junitxml="$tree/gpu.xml" tests/kernels/test_gpu.py 2>&1 | tail -25)
 read -r passed failed < <("$py" - "$tree/gpu.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
@@ -71,7 +71,7 @@ PY
 )
 
 echo "== figures =="
-cd "$tree" && timeout 200 "$py" "$root/bench/diag_bench.py" --device cuda \
+cd "$tree" && timeout 170 "$py" "$root/bench/diag_bench.py" --device cuda \
   --gpu-tests-passed "$passed" --gpu-tests-failed "$failed"
 status=$?
 if [ $status -ne 0 ]; then

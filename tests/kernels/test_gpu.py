@@ -50,8 +50,10 @@ def test_triton_tma_gemm_agrees_with_cublas(target: devices.Target, dtype: str) 
     if target.capability < (9, 0):
         pytest.skip("TMA needs sm_90+")
     a, b = gemm.operands(2048, gemm.DTYPE_NAMES[dtype], target.device)
-    err = gemm.relative_error(triton_gemm_tma.matmul(a, b, meta=META), gemm.torch_matmul(a, b))
-    assert err <= gemm.AGREEMENT_TOLERANCE[gemm.DTYPE_NAMES[dtype]]
+    want = gemm.torch_matmul(a, b)
+    for persistent in (False, True):
+        got = triton_gemm_tma.matmul(a, b, meta=META, persistent=persistent)
+        assert gemm.relative_error(got, want) <= gemm.AGREEMENT_TOLERANCE[gemm.DTYPE_NAMES[dtype]]
 
 
 def test_triton_fp8_gemms_agree_with_scaled_mm(target: devices.Target) -> None:

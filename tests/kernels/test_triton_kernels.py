@@ -78,12 +78,13 @@ def test_integer_mixing_kernel_is_bit_exact_and_shows_a_fault() -> None:
     assert (faulty != want).nonzero().flatten().tolist() == [77]
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiled", "persistent"])
 @pytest.mark.parametrize("column_major_b", [False, True], ids=["row-major-B", "column-major-B"])
 @pytest.mark.parametrize(
     ("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float16, 2e-3)], ids=["fp32", "fp16"]
 )
 def test_tma_matmul_matches_torch(
-    dtype: torch.dtype, tolerance: float, column_major_b: bool
+    dtype: torch.dtype, tolerance: float, column_major_b: bool, persistent: bool
 ) -> None:
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(70, 96, generator=gen).to(dtype)  # 70 rows: TMA pads the ragged edge tile
@@ -92,7 +93,7 @@ def test_tma_matmul_matches_torch(
         if column_major_b
         else torch.randn(96, 64, generator=gen).to(dtype)
     )
-    got = triton_gemm_tma.matmul(a, b)
+    got = triton_gemm_tma.matmul(a, b, persistent=persistent)
     want = a.float() @ b.float()
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < tolerance
 
@@ -101,7 +102,7 @@ def test_gemm_diagnostic_reports_the_fastest_agreeing_triton_kernel() -> None:
     config = gemm.GemmConfig(size=64, dtypes=("fp32",), warmup=0, iters=1, interpret_on_cpu=True)
     (figures,) = gemm.run(devices.cpu_target(), config)
     assert figures.agrees and figures.rel_error is not None and figures.rel_error < 1e-5
-    assert figures.triton_variant in ("pointer", "tma")
+    assert figures.triton_variant in ("pointer", "tma", "tma-persistent")
     assert figures.triton_tflops is not None and figures.ratio_to_torch is not None
     tests = [m.test for m in gemm.measurements([figures])]
     assert tests == ["gemm.fp32.torch", "gemm.fp32.triton", "gemm.fp32.disagreements"]
