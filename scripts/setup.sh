@@ -23,5 +23,5 @@ fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,triton]'
 .venv/bin/vigil version
