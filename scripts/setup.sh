@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt_packages=(prometheus)
   apt_packages=(
+    prometheus # the agent tests scrape the real exporter with a throwaway Prometheus
     postgresql # the collector tests start a throwaway PostgreSQL cluster (initdb/pg_ctl)
   )
   if [ ${#apt_packages[@]} -gt 0 ]; then

@@ -27,9 +27,6 @@ class EnvVar(enum.StrEnum):
     DEV_MODE = "VIGIL_DEV_MODE"
     # Fault injection spec for the bundled trainer, shared by tests, demos and benchmarks.
     FAULTS = "VIGIL_FAULTS"
-    # Set by `vigil run` for each rank: which restart attempt this is (0 = first start), so a
-    # job can key its rendezvous store and know it is resuming.
-    RESTART_COUNT = "VIGIL_RESTART_COUNT"
     # Set by `vigil run`: the (simulated) node a rank runs on.
     NODE = "VIGIL_NODE"
     # Set by `vigil run`: the job id, so every rank reports under the same job.
