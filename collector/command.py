@@ -14,6 +14,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
+from vigil.analyzer import StreamingAnalyzer
 from vigil.cli import Command
 from vigil.collector.app import create_app
 from vigil.collector.settings import CollectorSettings, is_loopback
@@ -30,6 +31,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--store",
         help="sqlite:///PATH or postgresql+psycopg://USER@HOST/DB "
         "(env VIGIL_STORE_URL, default <data dir>/collector.sqlite3)",
+    )
+    parser.add_argument(
+        "--no-analyzer",
+        action="store_true",
+        help="store only; do not run the streaming analyzer on ingested batches",
     )
 
 
@@ -63,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
             where,
         )
     log.info("collector store: %s", _redacted(settings.resolved_store_url))
-    app = create_app(settings)
+    analyzer = None if args.no_analyzer else StreamingAnalyzer()
+    app = create_app(settings, analyzer=analyzer)
     uvicorn.run(
         app,
         host=settings.collector_host,

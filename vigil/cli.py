@@ -34,18 +34,25 @@ class Command:
             raise ValueError(f"command name {self.name!r} must be alphanumeric (dashes allowed)")
 
 
-def discover_commands() -> tuple[list[Command], list[str]]:
-    """Load every published subcommand; return them and the errors of those that failed."""
+def discover_commands(only: str | None = None) -> tuple[list[Command], list[str]]:
+    """Load published subcommands (just `only`, when given and published); return them and the
+    errors of those that failed. Loading one keeps `vigil <cmd>` from importing every subsystem.
+    """
     commands: dict[str, Command] = {}
     errors: list[str] = []
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    if only is not None and any(ep.name == only for ep in eps):
+        eps = [ep for ep in eps if ep.name == only]
+    for ep in eps:
         try:
             command = ep.load()
         except Exception as exc:  # a broken optional subsystem must not take the CLI down
             errors.append(f"vigil {ep.name}: unavailable ({type(exc).__name__}: {exc})")
             continue
-        if not isinstance(command, Command):
-            errors.append(f"vigil {ep.name}: entry point {ep.value} is not a vigil Command")
+        if not isinstance(command, Command) or command.name != ep.name:
+            errors.append(
+                f"vigil {ep.name}: entry point {ep.value} is not a vigil Command named so"
+            )
             continue
         commands.setdefault(command.name, command)
     return sorted(commands.values(), key=lambda c: c.name), errors
@@ -68,8 +75,20 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
     return parser
 
 
+def _requested(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--log-level", "--log-format"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    commands, errors = discover_commands()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands, errors = discover_commands(only=_requested(argv))
     parser = build_parser(commands)
     args = parser.parse_args(argv)
     try:

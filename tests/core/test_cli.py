@@ -23,6 +23,23 @@ def test_verbose_version_lists_dependencies(capsys: pytest.CaptureFixture[str]) 
     assert "torch " in out and "msgspec " in out
 
 
+def test_a_named_command_loads_only_its_own_subsystem() -> None:
+    code = (
+        "import sys\n"
+        "from vigil import cli\n"
+        "assert cli.main(['version']) == 0\n"
+        "heavy = {'torch', 'fastapi', 'sqlalchemy'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_option_values_are_not_taken_for_the_command() -> None:
+    assert cli._requested(["--log-level", "DEBUG", "version", "-v"]) == "version"
+    assert cli._requested(["--help"]) is None
+
+
 def test_commands_are_discovered_from_entry_points() -> None:
     commands, errors = cli.discover_commands()
     assert "version" in {c.name for c in commands}
@@ -76,11 +93,11 @@ def test_importing_vigil_has_no_side_effects() -> None:
     code = (
         "import logging, threading, sys\n"
         "import vigil, vigil.schema, vigil.codec, vigil.settings, vigil.cli, vigil.env\n"
+        "assert 'torch' not in sys.modules, 'importing the core must not import torch'\n"
         "import vigil.agent, vigil.collector, vigil.analyzer, vigil.recovery, vigil.trainer,"
         " vigil.kernels\n"
         "assert threading.active_count() == 1, threading.enumerate()\n"
         "assert not logging.getLogger().handlers and not logging.getLogger('vigil').handlers\n"
-        "assert 'torch' not in sys.modules, 'importing vigil must not import torch'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
