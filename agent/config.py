@@ -187,4 +187,10 @@ class AgentConfig:
 
 def default_node() -> str:
     """This host's name, as ranks and the agent report it."""
-    return os.environ.get("NODE_NAME") or os.uname().nodename or "localhost"
+    # VIGIL_NODE: set by `vigil run` for simulated nodes; NODE_NAME: Kubernetes' downward API.
+    return (
+        os.environ.get("VIGIL_NODE")
+        or os.environ.get("NODE_NAME")
+        or os.uname().nodename
+        or "localhost"
+    )

@@ -1,7 +1,8 @@
 """The controller's link to the collector: findings in, actions out (HTTP, vigil's wire codec).
 
 `CollectorFindings` polls the analyzer's findings for one job; `CollectorActions` posts each
-action's new state through ingest, where the collector upserts it by id. Both are best effort:
+action's new state (and the controller's own crash findings) through ingest, where the collector
+upserts them by id. Both are best effort:
 a collector that is down costs visibility, never the recovery (the journal is the truth).
 """
 
@@ -62,9 +63,12 @@ class CollectorActions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     client: httpx.Client = field(default_factory=httpx.Client)
 
-    def publish(self, action: Action) -> None:
-        batch_id = f"action-{action.action_id}-{action.state.value}"
-        frame = codec.encode_batch([action], batch_id=batch_id, source="controller")
+    def publish(self, record: Action | Finding) -> None:
+        if isinstance(record, Action):
+            batch_id = f"action-{record.action_id}-{record.state.value}"
+        else:
+            batch_id = f"finding-{record.finding_id}"
+        frame = codec.encode_batch([record], batch_id=batch_id, source="controller")
         headers = {
             "Content-Type": api.BATCH_MEDIA_TYPE,
             api.BATCH_ID_HEADER: batch_id,

@@ -22,10 +22,21 @@ from vigil.recovery import policy
 from vigil.recovery.executor import RankExit
 from vigil.recovery.local import LocalExecutor
 from vigil.recovery.placement import Placement
-from vigil.schema import Action, ActionKind, ActionState, Finding, FindingKind, Subjects
+from vigil.schema import (
+    Action,
+    ActionKind,
+    ActionState,
+    Evidence,
+    Finding,
+    FindingKind,
+    FindingState,
+    Subjects,
+)
 
 log = logging.getLogger(__name__)
 
+# `vigil train` (and well-behaved jobs) exit 2 on a bad configuration: never restart for that.
+BAD_CONFIG_EXIT = 2
 # Test-only crash injection: the controller exits hard when it reaches this stage (see STAGES).
 DIE_AT_ENV = "VIGIL_CONTROLLER_DIE_AT"
 STAGES = ("planned", "stopped", "placed", "launched", "recorded")
@@ -42,8 +53,9 @@ class Checkpointer(Protocol):
 
 
 class ActionSink(Protocol):
-    def publish(self, action: Action) -> None:
-        """Record an action's new state somewhere people can see it (the collector)."""
+    def publish(self, record: Action | Finding) -> None:
+        """Record an action's new state, or a finding the controller made itself (a crash),
+        somewhere people can see it (the collector)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +71,9 @@ class ControllerConfig:
     # A checkpoint request waits at most this long before recovery goes ahead without it.
     checkpoint_timeout_s: float = 60.0
     min_dp_size: int = 1
+    # A hang finding must stay open this long before the job is restarted for it: a rank that
+    # was only slow resumes and the analyzer resolves the finding in the meantime.
+    hang_confirm_s: float = 1.0
     budget: policy.Budget = field(default_factory=policy.Budget)
 
     def __post_init__(self) -> None:
@@ -82,6 +97,8 @@ class Controller:
     state: journal_mod.ControllerState = field(init=False)
     # Ranks of the current attempt taken over from a previous controller at resume.
     _adopted: int = field(default=0, init=False)
+    # When each open finding was first seen, for the hang confirmation delay.
+    _first_seen: dict[str, float] = field(default_factory=dict, init=False)
 
     def run(self) -> int:
         """Supervise the job to its end; returns 0 when every rank finished cleanly."""
@@ -98,8 +115,7 @@ class Controller:
         saved = self.journal.load_state()
         if saved is None:
             self.state = journal_mod.ControllerState(run_id=self.config.run_id)
-            self._save_placement(self.placement)
-            self.executor.launch(self.placement, 0)
+            self._launch(0)
             return
         self.state = saved
         self.placement = self._placement_from_state()
@@ -111,7 +127,7 @@ class Controller:
             self._finish_recovery(saved.recovering)
         elif self._adopted < self.placement.world_size:
             self.executor.kill_attempt(saved.attempt)
-            self.executor.launch(self.placement, saved.attempt)
+            self._launch(saved.attempt)
 
     def _placement_from_state(self) -> Placement:
         return Placement(
@@ -134,17 +150,39 @@ class Controller:
     def _step(self) -> None:
         exits = self.executor.poll()
         failed = [e for e in exits if e.returncode != 0]
+        if any(e.returncode == BAD_CONFIG_EXIT for e in failed):
+            self._finish(
+                BAD_CONFIG_EXIT, "the job rejected its configuration; a restart won't fix it"
+            )
+            return
         if failed:
-            self._handle(self._crash_finding(failed), job_down=True)
+            finding = self._crash_finding(failed)
+            self._publish(finding)
+            self._handle(finding, job_down=True)
             return
         if exits and not self.executor.alive():
             self._finish(0, "every rank finished")
             return
         for finding in self.findings.fetch() if self.findings else ():
-            if finding.job_id == self.config.job_id and finding.finding_id not in self._handled():
+            if self._actionable(finding):
                 self._handle(finding, job_down=False)
                 if self.state.finished:
                     return
+
+    def _actionable(self, finding: Finding) -> bool:
+        """Open, about this job, not handled yet, about the running attempt, and confirmed."""
+        if finding.job_id != self.config.job_id or finding.state is not FindingState.OPEN:
+            return False
+        if finding.finding_id in self._handled():
+            return False
+        # Evidence gathered before this attempt started describes ranks that are gone (e.g. the
+        # silence of our own restart): it is stale.
+        window_start = finding.trace_start_s or finding.detected_s
+        if window_start < self.state.attempt_started_s:
+            return False
+        now = self.clock()
+        first = self._first_seen.setdefault(finding.finding_id, now)
+        return finding.kind is not FindingKind.HANG or now - first >= self.config.hang_confirm_s
 
     def _handled(self) -> set[str]:
         return set(self.state.handled_findings)
@@ -158,6 +196,10 @@ class Controller:
             job_id=self.config.job_id,
             subjects=Subjects(ranks=[rank], nodes=[node]),
             summary=f"rank {rank} on {node} exited with code {code} first",
+            evidence=[
+                Evidence(metric="exit_code", observed=float(code)),
+                Evidence(metric="exit_time", observed=first.seen_s, unit="s"),
+            ],
             confidence=1.0,
             detected_s=self.clock(),
         )
@@ -287,20 +329,28 @@ class Controller:
             self.state.restart_times_s.append(self.clock())
             self._save_placement(placement)
             self._die_if("placed")
-        self.executor.launch(self.placement, target)
+        self._launch(target)
         self._die_if("launched")
         return ActionState.SUCCEEDED, (
             f"attempt {target} on {','.join(self.placement.active)} "
             f"(world size {self.placement.world_size})"
         )
 
+    def _launch(self, attempt: int) -> None:
+        self.state.attempt_started_s = self.clock()
+        self._save_placement(self.placement)
+        self.executor.launch(self.placement, attempt)
+
     def _record(self, action: Action) -> None:
         self.journal.record(action)
+        self._publish(action)
+
+    def _publish(self, record: Action | Finding) -> None:
         if self.sink is not None:
             try:
-                self.sink.publish(action)
-            except Exception:  # the journal is the truth; the sink is best effort
-                log.warning("could not publish action %s", action.action_id, exc_info=True)
+                self.sink.publish(record)
+            except Exception as exc:  # the journal is the truth; the sink is best effort
+                log.warning("could not publish %s: %s", type(record).__name__, exc)
 
     def _finish(self, code: int, why: str) -> None:
         log.info("job %s finished (exit %d): %s", self.config.job_id, code, why)

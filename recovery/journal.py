@@ -33,6 +33,8 @@ class ControllerState(msgspec.Struct, kw_only=True):
     cordoned: list[str] = msgspec.field(default_factory=list)
     ranks_per_node: int = 1
     restart_times_s: list[float] = msgspec.field(default_factory=list)
+    # When the current attempt was launched: findings about earlier attempts are stale.
+    attempt_started_s: float = 0.0
     culprit_counts: dict[str, int] = msgspec.field(default_factory=dict)
     handled_findings: list[str] = msgspec.field(default_factory=list)
     # Set while a recovery is under way: the finding being handled.

@@ -60,7 +60,8 @@ TABLE: dict[tuple[FindingKind, Severity], tuple[Step, ...]] = {
     (FindingKind.MFU_DROP, Severity.HIGH): (Step.DIAGNOSE,),
 }
 
-# Evidence metric that carries a straggler's or slow link's slowdown factor (observed/baseline).
+# Evidence that carries a slowdown: an explicit "slowdown" factor, or any time-like metric
+# ("compute_time", "collective_time", ...) whose observed/baseline ratio is the factor.
 SLOWDOWN_METRIC = "slowdown"
 # 1.5x: the whole synchronous job runs at the straggler's pace, so a 50 % slower rank wastes a
 # third of every GPU-hour; below 1.2x a migration's restart costs more than it saves.
@@ -147,9 +148,7 @@ def severity(finding: Finding) -> Severity:
         FindingKind.SDC,
     ):
         return Severity.CRITICAL
-    slowdown = max(
-        (e.observed for e in finding.evidence if e.metric == SLOWDOWN_METRIC), default=None
-    )
+    slowdown = slowdown_factor(finding)
     if slowdown is not None:
         if slowdown >= HIGH_SLOWDOWN:
             return Severity.HIGH
@@ -157,6 +156,17 @@ def severity(finding: Finding) -> Severity:
     if finding.kind in (FindingKind.DATA_STALL, FindingKind.MFU_DROP, FindingKind.SLOW_LINK):
         return Severity.MEDIUM
     return Severity.LOW
+
+
+def slowdown_factor(finding: Finding) -> float | None:
+    """How many times slower the culprit is, from the finding's evidence (None if unknown)."""
+    factors = [e.observed for e in finding.evidence if e.metric == SLOWDOWN_METRIC]
+    factors += [
+        e.observed / e.baseline
+        for e in finding.evidence
+        if e.metric.endswith("_time") and e.baseline is not None and e.baseline > 0
+    ]
+    return max(factors, default=None)
 
 
 def decide(finding: Finding, context: Context, budget: Budget | None = None) -> Decision:
@@ -279,4 +289,5 @@ __all__ = [
     "culprit_nodes",
     "decide",
     "severity",
+    "slowdown_factor",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from vigil.recovery import snapshot_files
 
@@ -136,3 +137,52 @@ def _write(folder: Path, step: int, payload: bytes, keep: int) -> None:
     steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)))
     for old in steps[:-keep]:
         (folder / f"step-{old}.pt").unlink(missing_ok=True)
+
+
+def local_copy(tree: Any) -> Any:
+    """A CPU copy of a (nested) state dict holding only this rank's pieces.
+
+    DTensors (FSDP2 shards, tensor-parallel slices) become their local tensors, so a snapshot is
+    restorable only into the same layout — which restarts and migrations keep.
+    """
+    if isinstance(tree, DTensor):
+        return tree.to_local().detach().to("cpu", copy=True)
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: local_copy(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(local_copy(value) for value in tree)
+    return tree
+
+
+def restore_local(tree: Any, saved: Any, path: str = "") -> Any:
+    """Copy `saved` (from `local_copy`) into `tree` in place; non-tensor leaves are replaced.
+
+    Raises ValueError naming the first key whose structure or shape differs (another layout).
+    """
+    if isinstance(tree, torch.Tensor):
+        local = tree.to_local() if isinstance(tree, DTensor) else tree
+        if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
+            got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise ValueError(
+                f"snapshot {path or '<root>'}: {got} does not fit {tuple(local.shape)}"
+            )
+        with torch.no_grad():
+            local.copy_(saved)
+        return tree
+    if isinstance(tree, dict):
+        if not isinstance(saved, dict) or saved.keys() != tree.keys():
+            raise ValueError(f"snapshot {path or '<root>'}: keys differ from the live state")
+        return {
+            k: restore_local(v, saved[k], f"{path}.{k}" if path else str(k))
+            for k, v in tree.items()
+        }
+    if isinstance(tree, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(tree):
+            raise ValueError(f"snapshot {path or '<root>'}: lengths differ from the live state")
+        return type(tree)(
+            restore_local(v, s, f"{path}[{i}]")
+            for i, (v, s) in enumerate(zip(tree, saved, strict=True))
+        )
+    return saved

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
 from vigil.recovery import policy
@@ -83,6 +84,28 @@ def test_row(kind: FindingKind, slowdown: float | None) -> None:
         assert [a.kind for a in decision.actions] == expected, ctx
         assert decision.suppressed == ""
         assert all(a.reason for a in decision.actions)
+
+
+def test_slowdown_is_read_from_time_like_evidence() -> None:
+    """The analyzer reports e.g. compute_time 0.42 s against a 0.06 s median: 7x slower."""
+    f = Finding(
+        finding_id="s",
+        kind=FindingKind.STRAGGLER,
+        job_id="job",
+        confidence=0.9,
+        subjects=Subjects(ranks=[2], nodes=["node-1"]),
+        evidence=[
+            Evidence(metric="compute_time", observed=0.42, baseline=0.06, unit="s"),
+            Evidence(metric="comm_wait_time", observed=0.15, baseline=0.52, unit="s"),
+            Evidence(metric="arrived_last_share", observed=1.0, baseline=0.25),
+        ],
+    )
+    assert policy.slowdown_factor(f) == pytest.approx(7.0)
+    assert policy.severity(f) is Severity.HIGH
+    mild = msgspec.structs.replace(
+        f, evidence=[Evidence(metric="compute_time", observed=0.13, baseline=0.1, unit="s")]
+    )
+    assert policy.severity(mild) is Severity.MEDIUM
 
 
 def test_table_rows_only_use_known_steps() -> None:

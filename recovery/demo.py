@@ -1,0 +1,188 @@
+"""`vigil demo`: the whole platform on one machine, with three faults to find and fix.
+
+Starts a collector (SQLite, streaming analyzer on), a node agent and the recovery controller;
+runs the bundled trainer on 4 ranks (dp 2 x tp 2 over two simulated nodes plus one spare) with
+the SDK; injects a straggler, then a hang, then a crash. Each must be detected, the culprit named
+and the job recovered. Prints one row per fault and exits 0 only if all three went right.
+Orchestration only: detection is the analyzer's, decisions the policy's, actions the controller's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from vigil import api
+from vigil.recovery import (
+    checkpoint_request,
+    collector_link,
+    controller,
+    journal,
+    local,
+    placement,
+    policy,
+)
+from vigil.recovery.demo_report import FaultRow, build_rows
+
+log = logging.getLogger(__name__)
+
+# Rank 2 (node-1) turns 4x slower; rank 1 hangs inside a collective; rank 3 crashes. Each fires in
+# its own attempt, so every recovery faces a fresh fault.
+STRAGGLER_RANK, HANG_RANK, CRASH_RANK = 2, 1, 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoPlan:
+    """Steps at which faults fire; `quick` shortens every stretch (CI)."""
+
+    slow_step: int
+    hang_step: int
+    crash_step: int
+    steps: int
+    slow_factor: float = 4.0
+
+    @classmethod
+    def make(cls, *, quick: bool) -> DemoPlan:
+        if quick:
+            return cls(slow_step=4, hang_step=12, crash_step=18, steps=22)
+        return cls(slow_step=6, hang_step=20, crash_step=32, steps=40)
+
+    def faults(self) -> str:
+        return ";".join(
+            [
+                f"slow:rank={STRAGGLER_RANK},step={self.slow_step},factor={self.slow_factor}",
+                f"hang:rank={HANG_RANK},step={self.hang_step},where=collective,attempt=1",
+                f"crash:rank={CRASH_RANK},step={self.crash_step},attempt=2",
+            ]
+        )
+
+
+@dataclass(kw_only=True)
+class Services:
+    """The collector and agent processes the demo starts (and stops)."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, argv: Sequence[str], log_path: Path, env: dict[str, str]) -> None:
+        out = open(log_path, "wb")  # noqa: SIM115 - owned by the child
+        try:
+            self.procs.append(
+                subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=env)
+            )
+        finally:
+            out.close()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def wait_ready(url: str, *, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}{api.API_PREFIX}/jobs", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"collector at {url} did not answer within {timeout_s:.0f} s")
+
+
+def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRow], str]:
+    """Run the demo in `workdir`; returns (exit code, one row per fault, the collector URL)."""
+    plan = DemoPlan.make(quick=quick)
+    workdir.mkdir(parents=True, exist_ok=True)
+    job = f"demo-{int(time.time())}"
+    port = port or local.free_port()
+    url = f"http://127.0.0.1:{port}"
+    python = sys.executable
+    env = dict(os.environ, VIGIL_ANALYZER_TICK_S="0.5", PYTHONUNBUFFERED="1")
+    env.pop("VIGIL_FAULTS", None)
+    services = Services()
+    try:
+        services.start(
+            [python, "-m", "vigil", "collector", "--port", str(port),
+             "--store", f"sqlite:///{workdir / 'collector.sqlite3'}"],
+            workdir / "collector.log", env,
+        )  # fmt: skip
+        wait_ready(url)
+        services.start(
+            [python, "-m", "vigil", "agent", "--collector", url,
+             "--metrics-port", str(local.free_port()), "--no-nvml"],
+            workdir / "agent.log", env,
+        )  # fmt: skip
+        code = _supervise(job=job, url=url, plan=plan, workdir=workdir, env=env)
+        time.sleep(1.5)  # let the last batches land before reading the story back
+        rows = build_rows(
+            findings=collector_link.CollectorFindings(url=url, job_id=job).fetch(),
+            actions=journal.Journal(workdir / "controller").actions(),
+            steps_path=workdir / "steps.jsonl",
+            plan_ranks={"straggler": STRAGGLER_RANK, "hang": HANG_RANK, "crash": CRASH_RANK},
+            fault_steps={
+                "straggler": plan.slow_step,
+                "hang": plan.hang_step,
+                "crash": plan.crash_step,
+            },
+        )
+    finally:
+        services.stop()
+    ok = code == 0 and len(rows) == 3 and all(r.ok for r in rows)
+    return (0 if ok else 1), rows, url
+
+
+def _supervise(*, job: str, url: str, plan: DemoPlan, workdir: Path, env: dict[str, str]) -> int:
+    ckpt_dir = workdir / "checkpoints"
+    command = [
+        sys.executable, "-m", "vigil", "train", "--recipe", "tiny", "--dp", "2", "--tp", "2",
+        "--steps", str(plan.steps), "--job", job, "--collector", url,
+        "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "10", "--timeout", "60",
+        "--metrics-out", str(workdir / "steps.jsonl"), "--faults", plan.faults(),
+    ]  # fmt: skip
+    executor = local.LocalExecutor(
+        command=command,
+        run_dir=workdir / "controller",
+        env={"VIGIL_JOB": job, "VIGIL_COLLECTOR_URL": url},
+        snapshot_root=workdir / "shm",
+    )
+    ctl = controller.Controller(
+        config=controller.ControllerConfig(
+            job_id=job,
+            run_id=job,
+            max_restarts=5,
+            poll_interval_s=0.25,
+            checkpoint_timeout_s=20.0,
+            budget=policy.Budget(cooldown_s=0.0),
+        ),
+        executor=executor,
+        journal=journal.Journal(workdir / "controller"),
+        placement=placement.Placement.build(nproc=4, nodes=2, spare=1),
+        findings=collector_link.CollectorFindings(url=url, job_id=job),
+        checkpointer=checkpoint_request.PageCheckpointer(
+            progress_dir=Path("/dev/shm/vigil"), job_id=job
+        ),
+        sink=collector_link.CollectorActions(url=url),
+    )
+    return ctl.run()
+
+
+def describe(rows: Sequence[FaultRow]) -> str:
+    return json.dumps([r.as_dict() for r in rows])
+
+
+__all__ = ["DemoPlan", "describe", "run"]
