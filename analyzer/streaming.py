@@ -145,7 +145,8 @@ class _JobStream:
         with np.errstate(all="ignore"):
             median_time = float(np.nanmedian(one.step_time_s))
         self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
-        scores = stragglers.score(one, self.cfg.straggler)
+        recent = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
+        scores = stragglers.score(recent, self.cfg.straggler, last=1)
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
         if newly:
