@@ -80,10 +80,8 @@ class _JobStream:
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
-        for agg in aggs:
-            self.hang.observe_position(
-                agg.rank, agg.group, agg.last_seq, agg.op, schema.RankState.COMPUTE
-            )
+        for agg in aggs:  # sequence numbers only: an aggregate describes a finished step
+            self.hang.observe_seq(agg.rank, agg.group, agg.last_seq, agg.op)
         if steps:
             numbers = [s.step for s in steps]
             self.newest_step = max(self.newest_step, max(numbers))
