@@ -57,9 +57,7 @@ def replay_hang(
         if isinstance(record, schema.Heartbeat):
             tracker.observe_heartbeat(record)
         else:
-            tracker.observe_position(
-                record.rank, record.group, record.last_seq, record.op, schema.RankState.COMPUTE
-            )
+            tracker.observe_seq(record.rank, record.group, record.last_seq, record.op)
     return tracker.check(now_s)
 
 

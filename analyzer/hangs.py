@@ -131,6 +131,7 @@ class HangTracker:
         self._ops: dict[tuple[str, int], str] = {}
         self._waits: dict[int, Wait] = {}
         self._finished: set[int] = set()
+        self._checkpointing: set[int] = set()
         self._ranks: set[int] = set()
         self._open: schema.Finding | None = None
 
@@ -148,31 +149,42 @@ class HangTracker:
             self._last_progress_s = end_s
         self._last_step = max(self._last_step, step)
 
+    def observe_seq(self, rank: int, group: str, seq: int, op: str) -> None:
+        """The last sequence number `rank` entered in `group` (e.g. from a collective aggregate)."""
+        self._ranks.add(rank)
+        if not group:
+            return
+        members = self._seqs.setdefault(group, {})
+        if seq >= members.get(rank, -1):
+            members[rank] = seq
+            if op:
+                self._ops[(group, seq)] = op
+
     def observe_position(
         self, rank: int, group: str, seq: int, op: str, state: schema.RankState
     ) -> None:
-        """Where a rank is now (from a heartbeat or a collective aggregate)."""
-        self._ranks.add(rank)
-        if group:
-            members = self._seqs.setdefault(group, {})
-            if seq >= members.get(rank, -1):
-                members[rank] = seq
-                if op:
-                    self._ops[(group, seq)] = op
+        """Where a rank is now and what it is doing (from a heartbeat)."""
+        self.observe_seq(rank, group, seq, op)
         if state is schema.RankState.IN_COLLECTIVE and group:
             self._waits[rank] = Wait(rank=rank, group=group, seq=seq, op=op)
         else:
             self._waits.pop(rank, None)
-        if state is schema.RankState.FINISHED:
-            self._finished.add(rank)
+        for states, wanted in (
+            (self._finished, schema.RankState.FINISHED),
+            (self._checkpointing, schema.RankState.CHECKPOINTING),
+        ):
+            if state is wanted:
+                states.add(rank)
+            else:
+                states.discard(rank)
 
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
-        if hb.last_step >= 0 and hb.state is not schema.RankState.IN_COLLECTIVE:
-            self._ranks.add(hb.rank)
 
     def threshold_s(self) -> float:
-        return learned_threshold_s(list(self._step_times), self.cfg)
+        """The learned threshold; the warm-up one while any rank says it is checkpointing."""
+        learned = learned_threshold_s(list(self._step_times), self.cfg)
+        return max(learned, self.cfg.warmup_s) if self._checkpointing else learned
 
     def check(self, now_s: float) -> schema.Finding | None:
         """A new or resolved hang finding, or None when nothing changed."""

@@ -85,7 +85,7 @@ class _TraceFile(msgspec.Struct):
     distributedInfo: Any = None  # noqa: N815
 
 
-_CHUNK = 4096
+_CHUNK = 1024
 _chunk_decoder = msgspec.json.Decoder(list[_Event])
 _lenient_decoder = msgspec.json.Decoder(list[_LenientEvent])
 

@@ -190,6 +190,44 @@ def collectives(trace: kineto.KinetoTrace) -> list[Collective]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CollectiveStat:
+    """NCCL kernels of one kind on one rank: how many, how many bytes, how long on the GPU."""
+
+    group: str
+    op: str
+    dtype: str
+    algorithm: str
+    protocol: str
+    count: int
+    total_bytes: int  # -1 when the trace has no message sizes (older profilers)
+    total_us: float
+
+
+def collective_stats(trace: kineto.KinetoTrace) -> list[CollectiveStat]:
+    """NCCL kernels grouped by (group, op, dtype, algorithm, protocol), longest total first."""
+    acc: dict[tuple[str, str, str, str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    for i, meta in trace.nccl.items():
+        row = acc[(meta.group, meta.op, meta.dtype, meta.algorithm, meta.protocol)]
+        row[0] += 1
+        row[1] = -1 if meta.bytes < 0 or row[1] < 0 else row[1] + meta.bytes
+        row[2] += float(trace.end[i] - trace.ts[i])
+    stats = [
+        CollectiveStat(
+            group=k[0],
+            op=k[1],
+            dtype=k[2],
+            algorithm=k[3],
+            protocol=k[4],
+            count=int(v[0]),
+            total_bytes=int(v[1]),
+            total_us=v[2],
+        )
+        for k, v in acc.items()
+    ]
+    return sorted(stats, key=lambda c: -c.total_us)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Alignment:
     """Per-rank clock offsets (us, to subtract) and the residual skew after aligning."""
 

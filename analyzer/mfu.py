@@ -202,7 +202,8 @@ def attribute(
     )
     if cause == "compute on every rank":
         label = "compute slowdown on every rank"
-    return label, subjects, ev, ""
+    note = f" (rank {subjects.ranks[0]})" if cause == "a straggler" and subjects.ranks else ""
+    return label, subjects, ev, note
 
 
 def _throttled_columns(

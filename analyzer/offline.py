@@ -52,6 +52,7 @@ class RankTraceSummary:
     top_kernels: list[kineto_analysis.KernelStat]
     num_collectives: int
     collective_ops: dict[str, int]
+    collectives: list[kineto_analysis.CollectiveStat]
 
 
 @dataclass(kw_only=True)
@@ -235,6 +236,7 @@ def _kineto(traces: list[kineto.KinetoTrace], report: Report, job_id: str) -> No
                 top_kernels=kineto_analysis.kernel_breakdown(t, top=5),
                 num_collectives=len(colls),
                 collective_ops=dict(ops),
+                collectives=kineto_analysis.collective_stats(t),
             )
         )
     jobs: dict[tuple[str, int, str], dict[int, kineto.KinetoTrace]] = defaultdict(dict)

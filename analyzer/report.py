@@ -78,6 +78,12 @@ def to_text(report: offline.Report) -> str:
             )
             for k in t.top_kernels[:3]:
                 lines.append(f"      {k.share_pct:5.1f}%  {k.kind:<13} x{k.count:<5} {k.name[:90]}")
+            for c in t.collectives[:3]:
+                size = f"{c.total_bytes / 2**20:.1f} MiB" if c.total_bytes >= 0 else "size n/a"
+                lines.append(
+                    f"      nccl {c.op} {c.dtype} {c.algorithm}/{c.protocol} "
+                    f"group {c.group or '?'}: x{c.count}, {size}, {c.total_us / 1000:.2f} ms"
+                )
     if report.alignment is not None:
         a = report.alignment
         lines.append("")

@@ -2,13 +2,14 @@
 
 In synchronous training the slow rank arrives last at each collective and waits least, so step
 time cannot tell it apart; compute time (step minus exposed communication wait minus data time)
-can. Every step, each rank's compute, data-loading and transfer time is scored against the other
-ranks (median/MAD, within its pipeline stage when there is one); a rank flagged in `min_hits` of
-the last `window` steps is reported. Causes are told apart: compute stragglers (with GPU
-throttling noted from NVML clocks), data-loader stalls, slow links (transfer time up for the
-ranks of one node or two), and compute that only follows a larger share of tokens (sequence-length
-imbalance, reported for the job rather than the rank). Pipeline-stage imbalance lives in
-`imbalance.py`. Pure numpy over `StepArrays`.
+can. Every step, each rank's compute, data-loading and transfer time (averaged over its last
+`smooth_steps` steps, the largest left out) is scored against the other ranks (median/MAD,
+within its pipeline stage when there is one); a rank flagged in `min_hits` of the last `window`
+steps is reported. Causes are told apart: compute stragglers (with GPU throttling noted from
+NVML clocks), data-loader stalls, slow links (transfer time up for the ranks of one node or
+two), and compute that only follows a larger share of tokens (sequence-length imbalance,
+reported for the job rather than the rank). Pipeline-stage imbalance lives in `imbalance.py`.
+Pure numpy over `StepArrays`.
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ class Scores:
 RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL, Kind.SLOW_LINK)
 
 
-def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> Scores:
-    """Score every step of `a` (works for one row as well as thousands)."""
+def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: int = 0) -> Scores:
+    """Score the steps of `a` (all, or only the `last` rows; earlier rows still feed smoothing)."""
     z, excess, floor = cfg.z_threshold, cfg.min_excess, cfg.scale_floor
+    rows = slice(-last, None) if last else slice(None)
+
+    def smooth(values: robust.FloatArray) -> robust.FloatArray:
+        return robust.rolling_trimmed_mean(values, cfg.smooth_steps)[rows]
 
     def outliers(
         values: robust.FloatArray, groups: npt.NDArray[np.int32] | None = None
@@ -70,21 +75,23 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> Scores:
             values, z_threshold=z, min_excess=excess, scale_floor=floor, groups=groups
         )
 
-    compute = a.compute_s()
+    compute = smooth(a.compute_s())
     c_flags, c_z, c_med = outliers(compute, a.stages)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
-        t_flags, _, _ = outliers(a.tokens, a.stages)
+        tokens = smooth(a.tokens)
+        t_flags, _, _ = outliers(tokens, a.stages)
         with np.errstate(all="ignore"):
-            per_token = compute / np.where(a.tokens > 0, a.tokens, np.nan)
+            per_token = compute / np.where(tokens > 0, tokens, np.nan)
         p_flags, _, _ = outliers(per_token, a.stages)
         explained = c_flags & t_flags & ~p_flags
         c_flags = c_flags & ~explained
-    d_flags, d_z, _ = outliers(a.data_s)
+    data = smooth(a.data_s)
+    d_flags, d_z, _ = outliers(data)
     with np.errstate(invalid="ignore"):
-        d_flags &= a.data_s > cfg.min_data_share * a.step_time_s
+        d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
     if np.isfinite(a.transfer_s).any():
-        x_flags, x_z, _ = outliers(a.transfer_s)
+        x_flags, x_z, _ = outliers(smooth(a.transfer_s))
     else:
         x_flags, x_z = np.zeros_like(c_flags), np.zeros_like(c_z)
     # A rank slowed by its own data loader is not also a compute straggler.

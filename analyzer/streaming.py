@@ -80,10 +80,8 @@ class _JobStream:
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
-        for agg in aggs:
-            self.hang.observe_position(
-                agg.rank, agg.group, agg.last_seq, agg.op, schema.RankState.COMPUTE
-            )
+        for agg in aggs:  # sequence numbers only: an aggregate describes a finished step
+            self.hang.observe_seq(agg.rank, agg.group, agg.last_seq, agg.op)
         if steps:
             numbers = [s.step for s in steps]
             self.newest_step = max(self.newest_step, max(numbers))
@@ -145,7 +143,8 @@ class _JobStream:
         with np.errstate(all="ignore"):
             median_time = float(np.nanmedian(one.step_time_s))
         self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
-        scores = stragglers.score(one, self.cfg.straggler)
+        recent = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
+        scores = stragglers.score(recent, self.cfg.straggler, last=1)
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
         if newly:

@@ -2,9 +2,11 @@
 
 One run measures, side by side with each target:
   - a suite of >= 200 scenarios (8 to 4,096 ranks; hangs, stragglers of 1.1x-2x, slow links,
-    data stalls, throttled GPUs, clean jobs): hangs are streamed through `StreamingAnalyzer`
-    (recent steps, then heartbeats and ticks every 0.5 s after the hang) and must be flagged
-    within max(3 x median step time, 5 s) of onset naming the culprit; stragglers are found by
+    data stalls, throttled GPUs, clean jobs; per-step jitter 1-3.5 %, job-wide swing 1-4 %,
+    per-rank speed spread 0.5-1.5 %, heavy-tailed pauses): hangs are streamed through
+    `StreamingAnalyzer` (recent steps, then heartbeats and ticks every 0.5 s after the hang)
+    and must be flagged within max(3 x median step time, 5 s) of onset naming the culprit;
+    stragglers are found by
     the offline detectors and must be flagged within 20 steps of onset; straggler precision
     counts every straggler finding in every scenario (throttled GPUs are true stragglers);
   - 10,000 clean steps at 1,024 ranks: every detector, zero findings expected;
@@ -98,8 +100,14 @@ def scenario(i: int, rng: np.random.Generator) -> sim.ScenarioConfig:
                 start_step=onset,
             ),
         )
+    noise = {  # every scenario draws its own noise level
+        "jitter": float(rng.uniform(0.01, 0.035)),
+        "step_swing": float(rng.uniform(0.01, 0.04)),
+        "rank_spread": float(rng.uniform(0.005, 0.015)),
+        "hiccup_rate": float(rng.uniform(0.0, 5e-5)),
+    }
     return sim.ScenarioConfig(
-        job_id=f"s{i}", num_ranks=ranks, num_steps=steps, faults=faults, seed=1000 + i
+        job_id=f"s{i}", num_ranks=ranks, num_steps=steps, faults=faults, seed=1000 + i, **noise
     )
 
 

@@ -83,3 +83,27 @@ def test_hang_resolves_when_progress_resumes() -> None:
     resolved = tracker.check(121.5)
     assert resolved is not None and resolved.state == "resolved"
     assert resolved.finding_id == hang.finding_id
+
+
+def test_checkpointing_ranks_get_the_long_threshold_and_late_aggregates_keep_waits() -> None:
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    saving = schema.Heartbeat(
+        job_id="j", rank=0, time_s=110.0, state=schema.RankState.CHECKPOINTING
+    )
+    tracker.observe_heartbeat(saving)
+    assert tracker.threshold_s() == CFG.warmup_s and tracker.check(150.0) is None
+    for rank, seq, state in (
+        (0, 11, schema.RankState.IN_COLLECTIVE),
+        (1, 10, schema.RankState.COMPUTE),
+    ):
+        tracker.observe_heartbeat(
+            schema.Heartbeat(
+                job_id="j", rank=rank, time_s=151.0, last_group="dp", last_seq=seq, state=state
+            )
+        )
+    tracker.observe_seq(0, "dp", 10, "all_reduce")  # an aggregate of the finished step, late
+    assert tracker.threshold_s() == pytest.approx(2.0)
+    hang = tracker.check(152.0)
+    assert hang is not None and hang.subjects.ranks == [1]

@@ -178,3 +178,16 @@ def test_corrupt_trace_is_named_and_other_ranks_still_analyzed(
 def test_cpu_only_trace_is_reported_not_broken_down(kineto_dir: Path) -> None:
     trace = kineto.load(kineto_dir / "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
     assert (trace.rank, trace.world_size, trace.backend, trace.has_gpu) == (34, 300, "gloo", False)
+
+
+def test_collective_stats_group_kernels_with_their_sizes(kineto_dir: Path) -> None:
+    trace = kineto.load(kineto_dir / "nccl_parser_config_nccl_data.json.gz")
+    stats = kineto_analysis.collective_stats(trace)
+    allreduce = next(c for c in stats if c.op == "allreduce" and c.dtype == "Float")
+    assert (allreduce.group, allreduce.algorithm, allreduce.protocol) == ("0", "RING", "LL")
+    assert allreduce.count == 10 and allreduce.total_bytes > 0
+    assert sum(c.count for c in stats) == len(trace.nccl)
+    old = kineto_analysis.collective_stats(
+        kineto.load(kineto_dir / "trace_filter_sampled_rank-0.json.gz")
+    )
+    assert [(c.op, c.total_bytes) for c in old] == [("SendRecv", -1)]  # no sizes in 2023 traces
