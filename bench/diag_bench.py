@@ -30,11 +30,11 @@ def _gemm(target: devices.Target, size: int, dtypes: tuple[str, ...], iters: int
     config = gemm.GemmConfig(size=size, dtypes=dtypes, warmup=2, iters=iters, interpret_on_cpu=True)
     ratio = None
     for f in gemm.run(target, config):
-        triton = "n/a" if f.triton_tflops is None else f"{f.triton_tflops:9.3f}"
+        triton = "n/a" if f.triton_tflops is None else f"{f.triton_tflops:9.4g}"
         _line(
             f"GEMM {f.dtype} {size}^3 TFLOP/s",
-            f"triton[{f.triton_variant or '-'}] {triton}  torch {f.torch_tflops:9.3f}  "
-            f"ratio {f.ratio_to_torch or 0:.3f}  "
+            f"triton[{f.triton_variant or '-'}] {triton}  torch {f.torch_tflops:9.4g}  "
+            f"ratio {f.ratio_to_torch or 0:.4g}  "
             f"rel.err {f.rel_error if f.rel_error is not None else float('nan'):.1e} "
             f"({'agrees' if f.agrees else 'DISAGREES'})",
         )
@@ -49,10 +49,10 @@ def _stream(target: devices.Target, nbytes: int, iters: int) -> float | None:
     )
     copy_ratio = None
     for f in bandwidth.run_stream(target, config):
-        triton = "n/a" if f.triton_gb_s is None else f"{f.triton_gb_s:9.1f}"
+        triton = "n/a" if f.triton_gb_s is None else f"{f.triton_gb_s:9.4g}"
         _line(
             f"STREAM {f.op} {nbytes >> 20} MiB/array GB/s",
-            f"triton {triton}  torch {f.torch_gb_s:9.1f}  ratio {f.ratio_to_torch or 0:.3f}  "
+            f"triton {triton}  torch {f.torch_gb_s:9.4g}  ratio {f.ratio_to_torch or 0:.4g}  "
             f"wrong {f.wrong_elements}",
         )
         if f.op == "copy":
@@ -73,7 +73,7 @@ def _memtest(target: devices.Target, full: bool, cpu_bytes: int) -> memtest.Memt
     _line(
         "memtest coverage / effective TB/s",
         f"{outcome.coverage:.3f} of {outcome.free_bytes / 2**30:.1f} GiB free / "
-        f"{outcome.tb_per_s:.3f} TB/s over {outcome.seconds:.2f} s",
+        f"{outcome.tb_per_s:.4g} TB/s over {outcome.seconds:.2f} s",
     )
     _line("memtest failing words", f"{outcome.failing_words} ({len(outcome.passes)} passes)")
     return outcome
@@ -130,10 +130,10 @@ def main() -> None:
         _sdc(target, 128, 1 << 14)
         outcome = _memtest(target, full=True, cpu_bytes=64 << 20)
     summary = {
-        "gemm_ratio_to_torch": round(gemm_ratio or 0.0, 4),
-        "copy_ratio_to_torch": round(copy_ratio or 0.0, 4),
-        "memtest_coverage": round(outcome.coverage, 4),
-        "memtest_tb_per_s": round(outcome.tb_per_s, 4),
+        "gemm_ratio_to_torch": float(f"{gemm_ratio or 0.0:.4g}"),
+        "copy_ratio_to_torch": float(f"{copy_ratio or 0.0:.4g}"),
+        "memtest_coverage": float(f"{outcome.coverage:.4g}"),
+        "memtest_tb_per_s": float(f"{outcome.tb_per_s:.4g}"),
         "gpu_tests_passed": args.gpu_tests_passed,
         "gpu_tests_failed": args.gpu_tests_failed,
     }

@@ -48,6 +48,14 @@ def _gpu_test_counts() -> tuple[int, int]:
 
 def main() -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    # One intra-op thread: on a shared, oversubscribed CPU, OpenMP's barrier between two threads
+    # stalls for milliseconds when the second one is descheduled, and a 1 MiB copy then takes
+    # 20 ms instead of 20 us. Single-threaded figures are slower in principle but reproducible.
+    threads = int(os.environ.get("VIGIL_BENCH_THREADS", "1"))
+    torch.set_num_threads(threads)
+    print(f"{'torch intra-op threads':<44} {threads}", flush=True)
     passed, failed = _gpu_test_counts()
     sys.argv = [
         sys.argv[0],

@@ -3,7 +3,8 @@
 Output is a table for people, or with --json one `vigil.codec.encode_json` line per DiagResult
 (the same lines `vigil analyze` reads and `--baseline` accepts). A rich progress bar goes to
 stderr. The exit status is 0 when nothing is suspect or failed, 1 otherwise, so a launcher can
-use `vigil diag --quick` as a pre-flight check. Only this module writes to the terminal.
+use `vigil diag --quick` as a pre-flight check. Only this module writes to the terminal; torch
+and the kernels load only when the command runs, so `vigil` itself starts fast.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vigil import cli, codec, schema, settings
-from vigil.kernels import devices, ship, suite, verdict
+from vigil.kernels import catalog, ship, verdict
+
+if TYPE_CHECKING:
+    from vigil.kernels.suite import Suite
 
 log = logging.getLogger(__name__)
 _STYLE = {"pass": "green", "suspect": "yellow", "fail": "bold red", "unknown": "dim"}
@@ -38,12 +43,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", help="node name in the results (default: the host name)")
     parser.add_argument(
         "--only",
-        help=f"comma-separated diagnostics to run, of: {', '.join(suite.DIAGNOSTICS)}",
+        help=f"comma-separated diagnostics to run, of: {', '.join(catalog.DIAGNOSTICS)}",
     )
     parser.add_argument("--cpu", action="store_true", help="test the CPU even where GPUs exist")
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch loads here, not when `vigil` starts: every other subcommand stays fast.
+    from vigil.kernels import devices, suite
+
     common = settings.CommonSettings()
     level = suite.Level.FULL if args.full else suite.Level.QUICK
     targets = devices.local_targets(cpu=args.cpu)
@@ -62,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if suite.healthy(results) else 1
 
 
-def _run_with_progress(runner: suite.Suite) -> list[schema.DiagResult]:
+def _run_with_progress(runner: Suite) -> list[schema.DiagResult]:
     console = Console(stderr=True)
     columns = (
         TextColumn("[progress.description]{task.description}"),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from vigil import schema
 from vigil.kernels import (
     bandwidth,
+    catalog,
     collectives,
     devices,
     gemm,
@@ -59,7 +60,7 @@ class SuitePlan:
         )
 
 
-DIAGNOSTICS = tuple(f.name for f in dataclasses.fields(SuitePlan))
+DIAGNOSTICS = catalog.DIAGNOSTICS  # one per SuitePlan field (tests/kernels keeps them equal)
 
 
 def default_plan(level: Level, *, on_gpu: bool) -> SuitePlan:

@@ -52,6 +52,8 @@ cp -r "$root/kernels" "$tree/vigil/kernels"
 mkdir -p "$tree/tests" && cp "$root/tests/__init__.py" "$tree/tests/" && cp -r "$root/tests/kernels" "$tree/tests/kernels"
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +
 export PYTHONPATH="$tree"
+# One build of the CUDA memory test, shared by the tests and the figures below.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$tree/torch_extensions}
 echo "python: $py  ($("$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))'))"
 echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be built')"
 

@@ -173,3 +173,9 @@ def test_run_node_is_the_preflight_api_the_trainer_calls() -> None:
         )
     ]
     assert not healthy(results + failed)
+
+
+def test_the_cli_catalog_names_every_diagnostic_of_the_plan() -> None:
+    import dataclasses
+
+    assert tuple(f.name for f in dataclasses.fields(suite.SuitePlan)) == suite.DIAGNOSTICS

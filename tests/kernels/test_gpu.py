@@ -5,8 +5,6 @@ Skipped cleanly without CUDA. bench/gpu/run.sh runs these on an H200 and counts 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -92,18 +90,15 @@ def test_sdc_on_gpu_matches_reference_and_catches_a_fault(target: devices.Target
     assert bad.mismatched_rounds[0] == 1 and bad.hash_mismatches == 1
 
 
-def test_cuda_memtest_builds_runs_and_catches_a_stuck_bit(
-    target: devices.Target, tmp_path: Path
-) -> None:
-    config = memtest.MemtestConfig(fraction_of_free=0.05, chunk_bytes=256 << 20, build_dir=tmp_path)
+def test_cuda_memtest_builds_runs_and_catches_a_stuck_bit(target: devices.Target) -> None:
+    # Built where torch keeps extensions (TORCH_EXTENSIONS_DIR), so later runs reuse the build.
+    config = memtest.MemtestConfig(fraction_of_free=0.05, chunk_bytes=256 << 20)
     clean = memtest.run(target, config)
     assert clean.failing_words == 0 and clean.coverage > 0.04
     fault = memtest.MemFault(index=(256 << 20) // 4 + 99, mask=1 << 5)  # in the second chunk
     faulty = memtest.run(
         target,
-        memtest.MemtestConfig(
-            fraction_of_free=0.05, chunk_bytes=256 << 20, build_dir=tmp_path, fault=fault
-        ),
+        memtest.MemtestConfig(fraction_of_free=0.05, chunk_bytes=256 << 20, fault=fault),
     )
     # address x2 + moving inversions x3 + 4 walking bits (bit 5 is not among them, still caught)
     assert faulty.failing_words == 2 + 3 + 4
