@@ -376,6 +376,9 @@ class Session:
             )
         )
         self._check_hang(snap)
+        self._write_health()
+
+    def _write_health(self) -> None:
         stats = self.shipper.stats if self.shipper else None
         dropped = self.queue.dropped + (self.shipper.spool.dropped_records if self.shipper else 0)
         self.page.health(
@@ -437,6 +440,7 @@ class Session:
             )
         )
         self.flusher.stop()
+        self._write_health()  # the final drain may have spooled (and dropped) more
         if self._stacks_file is not None:
             with contextlib.suppress(Exception):
                 faulthandler.unregister(self.cfg.stack_signal)

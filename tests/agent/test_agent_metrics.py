@@ -8,6 +8,9 @@ MHz, power in mW, PCIe throughput in KB/s). The page, the agent and the expositi
 # ruff: noqa: N802, N815 - the stand-in mirrors nvidia-ml-py's function names
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -106,3 +109,36 @@ def test_gpu_samples_are_attributed_to_the_rank_using_the_device(tmp_path: Path)
     assert (power.job_id, power.rank, power.device, power.value) == ("gpt", 5, "GPU-1234", 612.0)
     agent.flusher.stop()
     writer.close()
+
+
+def test_a_rank_that_died_is_reported_once_and_its_page_removed(tmp_path: Path) -> None:
+    pages = tmp_path / "pages"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from vigil import schema\n"
+        "from vigil.agent import progress\n"
+        "w = progress.PageWriter(progress.page_path(Path(sys.argv[1]), 'gpt', 2), job='gpt',"
+        " node='n7', rank=2, world_size=4, local_rank=2, capacity=16)\n"
+        "w.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=time.time(), step=12)\n"
+        "w.write_event(0, seq=30, step=12, nbytes=64, enqueue_s=1.0, start_s=1.0, end_s=0.0,"
+        " group='world', op='all_gather_single', dtype='bfloat16')\n"
+        "w.collective('world', 30, 'all_gather_single', entering=True, now_mono=1.0,"
+        " now_wall=time.time())\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(pages)], check=True, timeout=60)
+    page = progress.page_path(pages, "gpt", 2)
+    cfg = config.AgentConfig(node="n7", progress_dir=pages, output_dir=tmp_path, page_ttl_s=1e9)
+    agent = daemon.Agent(cfg, gpus=None)
+    agent.poll()
+    agent.poll()  # reported once, not on every poll
+    records = agent.queue.drain()
+    (crash,) = [r for r in records if isinstance(r, schema.Finding)]
+    assert crash.kind is schema.FindingKind.CRASH and crash.subjects.ranks == [2]
+    assert "step 12" in crash.summary and "all_gather_single" in crash.summary
+    assert [e.seq for e in records if isinstance(e, schema.CollectiveEvent)] == [30]
+    assert agent.hangs_detected == 0 and page.exists()
+    agent.cfg = dataclasses.replace(cfg, page_ttl_s=0.0)
+    agent.poll()
+    assert not page.exists() and agent.view().ranks == []
+    agent.flusher.stop()
