@@ -3,8 +3,9 @@
 On CPU: every layout trains the same small model through `vigil train` (real gloo ranks on this
 host); tokens/s is the global batch's tokens over the median steady-state step time, and MFU is
 the model FLOP/s (6N + 12·L·H·Q·T per token, PaLM appendix B) over this host's measured fp32 GEMM
-peak (cores x one core's best; each rank runs one thread, and 4-rank layouts share 2 cores). On a CUDA host it also trains the ~1B recipe on one GPU in
-bf16 and reports MFU against the datasheet peak (`vigil.trainer.runtime.GPU_PEAK_BF16`).
+peak (cores x one core's best; each rank runs one thread, and 4-rank layouts share 2 cores).
+On a CUDA host it also trains the ~1B recipe on one GPU in bf16 and reports MFU against the
+datasheet peak (`vigil.trainer.runtime.GPU_PEAK_BF16`).
 
 Last line: one JSON object with `<layout>_tokens_per_s` and `<layout>_mfu` for each layout run.
 Usage: python bench/trainer.py [--steps 8] [--layouts single,ddp,...] [--gpu-steps 30]
@@ -40,11 +41,12 @@ WARMUP_STEPS = 2  # first steps pay for allocation, autograd graph building, FSD
 
 
 def cpu_gemm_peak(sizes: tuple[int, ...] = (256, 512, 1024), repeats: int = 30) -> float:
-    """Best fp32 matmul FLOP/s of this host with all of torch's threads.
+    """fp32 matmul FLOP/s of this host: one core's best, times the number of cores.
 
-    The best over sizes and repeats: on a shared host most samples are slowed by other load, and
-    the peak is what the hardware can do, not what one noisy sample saw.
+    Measured on one thread (as the ranks run) and the best over sizes and repeats: on a shared
+    host most samples are slowed by other load, and the peak is what the hardware can do.
     """
+    torch.set_num_threads(1)
     best = 0.0
     for size in sizes:
         a, b = torch.randn(size, size), torch.randn(size, size)
@@ -54,7 +56,7 @@ def cpu_gemm_peak(sizes: tuple[int, ...] = (256, 512, 1024), repeats: int = 30) 
             start = time.perf_counter()
             a @ b
             best = max(best, 2 * size**3 / (time.perf_counter() - start))
-    return best
+    return best * (os.cpu_count() or 1)
 
 
 def flops_per_token() -> float:
@@ -66,6 +68,7 @@ def run_layout(name: str, nproc: int, extra: list[str], steps: int, out: Path) -
     """Median steady-state tokens/s of one layout, from rank 0's per-step metrics."""
     metrics = out / f"{name}.jsonl"
     args = [*CPU_MODEL, *CPU_BATCH, "--steps", str(steps), "--no-telemetry", "--cpu"]
+    args += ["--cpu-threads", "1"]  # one core per rank: no OpenMP spin-waiting on a shared host
     args += ["--metrics-out", str(metrics), *extra]
     code = launch.launch_local(nproc, args, timeout_s=600)
     if code != 0:
@@ -113,10 +116,10 @@ def main() -> None:
                 out = Path(tmp) / f"round-{round_index}"
                 out.mkdir(exist_ok=True)
                 best[name] = max(best[name], run_layout(name, nproc, extra, args.steps, out))
-    threads = torch.get_num_threads()
+    cores = os.cpu_count() or 1
     print(
-        f"CPU fp32 GEMM peak (best of 256..1024^3 matmuls, {threads} threads): "
-        f"{peak / 1e9:.1f} GFLOP/s"
+        f"CPU fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s ({cores} cores x best 1-thread "
+        "256..1024^3 matmul); ranks run 1 thread each, so 1 rank can reach 1/cores of it"
     )
     print(
         f"model: dim 256, 4 layers, 8 heads, seq 128, batch 8; {fpt / 1e6:.1f} MFLOP/token; "
