@@ -62,6 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--metrics-out", type=Path, help="rank 0 appends one JSON line per step here")
     add("--peak-flops", type=float, help="per-device peak FLOP/s for MFU (GPU table otherwise)")
     add("--cpu", action="store_true", help="train on CPU even when CUDA is present")
+    add("--cpu-threads", type=int, help="intra-op threads per CPU rank (default cores/ranks)")
     add("--timeout", type=float, default=300.0, help="collective timeout in seconds")
     add("--job", default="vigil-train", help="job id reported to vigil")
     add("--collector", help="collector URL for the SDK (else VIGIL_COLLECTOR_URL)")
@@ -134,6 +135,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         job_id=args.job,
         force_cpu=args.cpu,
+        cpu_threads=args.cpu_threads,
         collective_timeout_s=args.timeout,
         faults_spec=args.faults,
         metrics_path=args.metrics_out,

@@ -80,12 +80,15 @@ class LaunchEnv:
         )
 
 
-def pick_device(launch: LaunchEnv, *, force_cpu: bool) -> torch.device:
+def pick_device(
+    launch: LaunchEnv, *, force_cpu: bool, cpu_threads: int | None = None
+) -> torch.device:
     if torch.cuda.is_available() and not force_cpu:
         torch.cuda.set_device(launch.local_rank)
         return torch.device("cuda", launch.local_rank)
-    # Share the host's cores among the ranks on it instead of oversubscribing them.
-    threads = max(1, (os.cpu_count() or 1) // max(1, launch.local_world_size))
+    # Share the host's cores among the ranks on it instead of oversubscribing them; on a busy
+    # shared host OpenMP threads spin-wait on each other and 1 thread per rank is far faster.
+    threads = cpu_threads or max(1, (os.cpu_count() or 1) // max(1, launch.local_world_size))
     torch.set_num_threads(threads)
     return torch.device("cpu")
 
@@ -132,6 +135,7 @@ def init_process_group(
 class RunOptions:
     job_id: str = "vigil-train"
     force_cpu: bool = False
+    cpu_threads: int | None = None  # intra-op threads per CPU rank; None = cores / local ranks
     collective_timeout_s: float = 300.0  # long enough for a slow checkpoint, short enough to fail
     faults_spec: str = ""
     metrics_path: Path | None = None
@@ -144,6 +148,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
             raise ValueError("collective timeout must be positive")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
 
 
 def run(recipe: recipes.Recipe, options: RunOptions, launch: LaunchEnv | None = None) -> int:
@@ -151,7 +157,7 @@ def run(recipe: recipes.Recipe, options: RunOptions, launch: LaunchEnv | None = 
     launch = launch or LaunchEnv.from_env()
     plan = faults.parse(options.faults_spec or os.environ.get(EnvVar.FAULTS, ""))
     recipe.validate_world(launch.world_size)
-    device = pick_device(launch, force_cpu=options.force_cpu)
+    device = pick_device(launch, force_cpu=options.force_cpu, cpu_threads=options.cpu_threads)
     timeout = datetime.timedelta(seconds=options.collective_timeout_s)
     if launch.world_size > 1:
         init_process_group(launch, device, timeout=timeout)

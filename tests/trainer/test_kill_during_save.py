@@ -31,6 +31,7 @@ def _command(ckpt: Path) -> list[str]:
     return [
         sys.executable, "-m", "vigil.trainer", "--steps", "500", "--dim", "256", "--layers", "4",
         "--ckpt-dir", str(ckpt), "--ckpt-every", "1", "--keep-last", "2", "--no-telemetry",
+        "--cpu-threads", "1",
     ]  # fmt: skip
 
 
