@@ -379,8 +379,9 @@ def test_vigil_collector_refuses_an_open_bind_without_tokens(
 ) -> None:
     monkeypatch.setenv("VIGIL_DATA_DIR", str(tmp_path))
     root = logging.getLogger("vigil")  # cli.main configures it; undo that after the test
-    for attr in ("handlers", "propagate", "level"):
-        monkeypatch.setattr(root, attr, getattr(root, attr))
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # cli mutates this copy in place
+    monkeypatch.setattr(root, "propagate", root.propagate)
+    monkeypatch.setattr(root, "level", root.level)
     assert cli.main(["collector", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "refusing to bind 0.0.0.0 without tokens" in capsys.readouterr().err
 
