@@ -6,7 +6,7 @@ For each store, in one run:
     over keep-alive HTTP from this process on another core: decode, validate, idempotency row,
     step rows, heatmap matrix, commit, ack.
   - raw insert: the same rows written straight into the same table of a fresh store with the
-    same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: COPY), one
+    same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: binary COPY), one
     transaction per batch, pinned to one core.
 Each is the best of `--rounds`. Then a `--ranks` x 1,000-step heatmap query is timed end to end
 over HTTP (best of 5). The last line of output is one JSON object:
@@ -34,7 +34,7 @@ import httpx
 import psycopg
 
 from vigil import api, codec, schema
-from vigil.collector import Store, StoreConfig, pgcluster, writes
+from vigil.collector import Store, StoreConfig, dialects, pgcluster, tables, writes
 
 JOB = "bench"
 
@@ -137,10 +137,13 @@ def raw_sqlite(path: Path, batches: list[list[tuple[object, ...]]]) -> float:
 def raw_postgres(url: str, batches: list[list[tuple[object, ...]]]) -> float:
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
     cols = ", ".join(writes.STEP_COLUMNS)
+    types = dialects.copy_types(tables.step_records, writes.STEP_COLUMNS)
     with psycopg.connect(dsn) as conn:
         t0 = time.perf_counter()
         for rows in batches:
-            with conn.cursor() as cur, cur.copy(f"COPY step_records ({cols}) FROM STDIN") as copy:
+            sql = f"COPY step_records ({cols}) FROM STDIN (FORMAT BINARY)"
+            with conn.cursor() as cur, cur.copy(sql) as copy:
+                copy.set_types(types)
                 for row in rows:
                     copy.write_row(row)
             conn.commit()
