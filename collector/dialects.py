@@ -104,9 +104,7 @@ def bulk_write(
     whose key exists replaces it (columns must start with the primary key)."""
     if not rows:
         return
-    if upsert_rows:
-        rows = dedupe_tuples(table, columns, rows)
-    if conn.dialect.name != POSTGRESQL:
+    if conn.dialect.name != POSTGRESQL:  # SQLite upserts row by row: a repeated key just wins
         _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
     elif not upsert_rows:
         _copy(conn, table, table.name, columns, rows)
@@ -143,6 +141,7 @@ def _pg_upsert(
         return
     except psycopg.errors.UniqueViolation:
         pass
+    rows = dedupe_tuples(table, columns, rows)  # ON CONFLICT may touch each key once
     stage = f"_stage_{table.name}"
     conn.exec_driver_sql(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
