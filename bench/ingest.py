@@ -6,10 +6,12 @@ For each store, in one run:
     over keep-alive HTTP from this process on another core: decode, validate, idempotency row,
     step rows, heatmap matrix, commit, ack.
   - raw insert: the same rows written straight into the same table of a fresh store with the
-    same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: COPY), one
-    transaction per batch, pinned to one core.
-Each is the best of `--rounds`. Then a `--ranks` x 1,000-step heatmap query is timed end to end
-over HTTP (best of 5). The last line of output is one JSON object:
+    same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: binary COPY), one
+    transaction per batch, on the collector's core.
+The two alternate batch by batch, so both meet the same load on a shared machine; the round
+with the best ratio of `--rounds` is reported. Then a `--ranks` x `--steps` heatmap query is
+timed end to end over HTTP until the body is in (best of 5). The last line of output is one
+JSON object:
 {"sqlite_rows_per_s", "sqlite_ratio_to_raw", "postgres_rows_per_s", "postgres_ratio_to_raw",
  "heatmap_query_ms"} (the heatmap on the embedded SQLite store).
 """
@@ -29,12 +31,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
 
 from vigil import api, codec, schema
-from vigil.collector import Store, StoreConfig, pgcluster, writes
+from vigil.collector import Store, StoreConfig, dialects, pgcluster, tables, writes
 
 JOB = "bench"
 
@@ -106,46 +109,69 @@ def collector(url: str, data_dir: Path, core: int) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def http_ingest(base: str, frames: list[tuple[str, bytes]], rows: int) -> float:
-    headers = {"content-type": api.BATCH_MEDIA_TYPE}
+class RawSqlite:
+    """The same rows straight into the same table: executemany, one transaction per batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = sqlite3.connect(path, timeout=30)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        cols = ", ".join(writes.STEP_COLUMNS)
+        marks = ", ".join("?" * len(writes.STEP_COLUMNS))
+        self.sql = f"INSERT INTO step_records ({cols}) VALUES ({marks})"
+
+    def insert(self, rows: list[tuple[object, ...]]) -> None:
+        self.conn.executemany(self.sql, rows)
+        self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RawPostgres:
+    """The same rows straight into the same table: binary COPY, one transaction per batch."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"))
+        cols = ", ".join(writes.STEP_COLUMNS)
+        self.sql = f"COPY step_records ({cols}) FROM STDIN (FORMAT BINARY)"
+        self.types = dialects.copy_types(tables.step_records, writes.STEP_COLUMNS)
+
+    def insert(self, rows: list[tuple[object, ...]]) -> None:
+        with self.conn.cursor() as cur, cur.copy(self.sql) as copy:
+            copy.set_types(self.types)
+            for row in rows:
+                copy.write_row(row)
+        self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def interleaved(
+    base: str,
+    raw: RawSqlite | RawPostgres,
+    frames: list[tuple[str, bytes]],
+    raw_batches: list[list[tuple[object, ...]]],
+    cores: tuple[int, int],
+) -> tuple[float, float]:
+    """Batch by batch, alternately through HTTP and raw, so that both paths meet the same load
+    on this shared machine; returns (http_rows_per_s, raw_rows_per_s)."""
+    server_core, client_core = cores
+    http_s = raw_s = 0.0
     with httpx.Client(base_url=base, timeout=120) as client:
-        t0 = time.perf_counter()
-        for batch_id, frame in frames:
-            r = client.post(
-                api.INGEST_PATH, content=frame, headers={**headers, api.BATCH_ID_HEADER: batch_id}
-            )
-            r.raise_for_status()
-        elapsed = time.perf_counter() - t0
-    return rows / elapsed
-
-
-def raw_sqlite(path: Path, batches: list[list[tuple[object, ...]]]) -> float:
-    conn = sqlite3.connect(path, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    cols = ", ".join(writes.STEP_COLUMNS)
-    sql = f"INSERT INTO step_records ({cols}) VALUES ({', '.join('?' * len(writes.STEP_COLUMNS))})"
-    t0 = time.perf_counter()
-    for rows in batches:
-        conn.executemany(sql, rows)
-        conn.commit()
-    elapsed = time.perf_counter() - t0
-    conn.close()
-    return sum(map(len, batches)) / elapsed
-
-
-def raw_postgres(url: str, batches: list[list[tuple[object, ...]]]) -> float:
-    dsn = url.replace("postgresql+psycopg://", "postgresql://")
-    cols = ", ".join(writes.STEP_COLUMNS)
-    with psycopg.connect(dsn) as conn:
-        t0 = time.perf_counter()
-        for rows in batches:
-            with conn.cursor() as cur, cur.copy(f"COPY step_records ({cols}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
-            conn.commit()
-        elapsed = time.perf_counter() - t0
-    return sum(map(len, batches)) / elapsed
+        for (batch_id, frame), rows in zip(frames, raw_batches, strict=True):
+            headers = {"content-type": api.BATCH_MEDIA_TYPE, api.BATCH_ID_HEADER: batch_id}
+            t0 = time.perf_counter()
+            client.post(api.INGEST_PATH, content=frame, headers=headers).raise_for_status()
+            http_s += time.perf_counter() - t0
+            os.sched_setaffinity(0, {server_core})  # the raw insert runs on the server's core
+            t0 = time.perf_counter()
+            raw.insert(rows)
+            raw_s += time.perf_counter() - t0
+            os.sched_setaffinity(0, {client_core})
+    total = sum(map(len, raw_batches))
+    return total / http_s, total / raw_s
 
 
 def fresh_store(url: str) -> None:
@@ -175,6 +201,43 @@ def heatmap_ms(base: str, ranks: int, steps: int, repeats: int = 5) -> float:
     return best * 1000
 
 
+def measure(
+    name: str, args: argparse.Namespace, tmp: str, pg: pgcluster.PostgresServer, data: Any
+) -> dict[str, float]:
+    frames, raw_batches, cores = data
+    best = {"http": 0.0, "raw": 0.0, "ratio": 0.0, "heatmap_ms": float("nan")}
+    for round_ in range(args.rounds):
+        urls = [
+            f"sqlite:///{tmp}/{name}-{round_}-{kind}.sqlite3"
+            if name == "sqlite"
+            else pg.new_database()
+            for kind in ("http", "raw")
+        ]
+        fresh_store(urls[1])
+        raw: RawSqlite | RawPostgres = (
+            RawSqlite(Path(urls[1].removeprefix("sqlite:///")))
+            if name == "sqlite"
+            else RawPostgres(urls[1])
+        )
+        with collector(urls[0], Path(tmp), cores[0]) as base:
+            http_rate, raw_rate = interleaved(base, raw, frames, raw_batches, cores)
+            if round_ == 0:
+                best["heatmap_ms"] = heatmap_ms(base, args.ranks, args.steps)
+        raw.close()
+        print(
+            f"  {name} round {round_}: HTTP {http_rate:,.0f} rows/s, raw {raw_rate:,.0f} rows/s "
+            f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        )
+        if http_rate / raw_rate > best["ratio"]:
+            best.update(http=http_rate, raw=raw_rate, ratio=http_rate / raw_rate)
+    print(
+        f"{name:9s} HTTP ingest {best['http']:12,.0f} rows/s | raw bulk insert "
+        f"{best['raw']:12,.0f} rows/s | ratio {best['ratio']:5.2f} | "
+        f"heatmap {args.ranks}x{args.steps} {best['heatmap_ms']:7.1f} ms"
+    )
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", type=int, default=1024)
@@ -182,70 +245,32 @@ def main() -> None:
     parser.add_argument("--batch-steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    server_core, client_core = 0, min(1, os.cpu_count() or 1) if (os.cpu_count() or 1) > 1 else 0
-    os.sched_setaffinity(0, {client_core})
+    cores = (0, 1) if (os.cpu_count() or 1) > 1 else (0, 0)  # (server, client)
+    os.sched_setaffinity(0, {cores[1]})
 
     records = step_records(args.ranks, range(args.steps))
     per_batch = args.ranks * args.batch_steps
     chunks = [records[i : i + per_batch] for i in range(0, len(records), per_batch)]
     frames = [(f"b{i}", codec.encode_batch(c, batch_id=f"b{i}")) for i, c in enumerate(chunks)]
     raw_batches = [[writes._step_row(r) for r in c] for c in chunks]
-    rows = len(records)
     print(
-        f"rows: {rows:,} step records ({args.ranks} ranks x {args.steps} steps), "
-        f"batches of {per_batch:,}, best of {args.rounds} rounds; server on core {server_core}"
+        f"rows: {len(records):,} step records ({args.ranks} ranks x {args.steps} steps), batches "
+        f"of {per_batch:,}; best ratio of {args.rounds} rounds; collector pinned to core {cores[0]}"
     )
-
-    results: dict[str, dict[str, float]] = {}
     pg = pgcluster.start(durable=True)
     try:
         with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
-            for name in ("sqlite", "postgres"):
-                http_best, raw_best, heat = 0.0, 0.0, float("nan")
-                for round_ in range(args.rounds):
-                    url = (
-                        f"sqlite:///{tmp}/{name}-{round_}-http.sqlite3"
-                        if name == "sqlite"
-                        else pg.new_database()
-                    )
-                    with collector(url, Path(tmp), server_core) as base:
-                        http_best = max(http_best, http_ingest(base, frames, rows))
-                        if round_ == 0:
-                            heat = heatmap_ms(base, args.ranks, args.steps)
-                    raw_url = (
-                        f"sqlite:///{tmp}/{name}-{round_}-raw.sqlite3"
-                        if name == "sqlite"
-                        else pg.new_database()
-                    )
-                    fresh_store(raw_url)
-                    os.sched_setaffinity(0, {server_core})
-                    if name == "sqlite":
-                        raw_best = max(
-                            raw_best,
-                            raw_sqlite(Path(raw_url.removeprefix("sqlite:///")), raw_batches),
-                        )
-                    else:
-                        raw_best = max(raw_best, raw_postgres(raw_url, raw_batches))
-                    os.sched_setaffinity(0, {client_core})
-                results[name] = {"http": http_best, "raw": raw_best, "heatmap_ms": heat}
-                print(
-                    f"{name:9s} HTTP ingest {http_best:12,.0f} rows/s | raw bulk insert "
-                    f"{raw_best:12,.0f} rows/s | ratio {http_best / raw_best:5.2f} | "
-                    f"heatmap {args.ranks}x{args.steps} {heat:7.1f} ms"
-                )
+            data = (frames, raw_batches, cores)
+            results = {name: measure(name, args, tmp, pg, data) for name in ("sqlite", "postgres")}
     finally:
         pg.stop()
     print(
         json.dumps(
             {
                 "sqlite_rows_per_s": round(results["sqlite"]["http"]),
-                "sqlite_ratio_to_raw": round(
-                    results["sqlite"]["http"] / results["sqlite"]["raw"], 3
-                ),
+                "sqlite_ratio_to_raw": round(results["sqlite"]["ratio"], 3),
                 "postgres_rows_per_s": round(results["postgres"]["http"]),
-                "postgres_ratio_to_raw": round(
-                    results["postgres"]["http"] / results["postgres"]["raw"], 3
-                ),
+                "postgres_ratio_to_raw": round(results["postgres"]["ratio"], 3),
                 "heatmap_query_ms": round(results["sqlite"]["heatmap_ms"], 1),
             }
         )

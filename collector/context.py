@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from fastapi import Response
+from fastapi import Request, Response
 
 from vigil.collector.hook import AnalyzerRunner
 from vigil.collector.metrics import CollectorMetrics
@@ -33,3 +33,17 @@ class CollectorContext:
 def json_response(body: Any, status_code: int = 200) -> Response:
     """Encode with msgspec: fast for large matrices, and NaN/inf become null (valid JSON)."""
     return Response(_encoder.encode(body), status_code=status_code, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it grows past `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from sqlalchemy import Table
+from sqlalchemy import BigInteger, Boolean, Double, Integer, LargeBinary, String, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -104,12 +104,10 @@ def bulk_write(
     whose key exists replaces it (columns must start with the primary key)."""
     if not rows:
         return
-    if upsert_rows:
-        rows = dedupe_tuples(table, columns, rows)
-    if conn.dialect.name != POSTGRESQL:
+    if conn.dialect.name != POSTGRESQL:  # SQLite upserts row by row: a repeated key just wins
         _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
     elif not upsert_rows:
-        _copy(conn, table.name, columns, rows)
+        _copy(conn, table, table.name, columns, rows)
     else:
         _pg_upsert(conn, table, columns, rows)
 
@@ -139,16 +137,17 @@ def _pg_upsert(
         # Optimistic: rows are almost always new (a step re-run after a restart is the exception),
         # so COPY straight into the table; on a key clash, undo and take the staging path.
         with conn.begin_nested():
-            _copy(conn, table.name, columns, rows)
+            _copy(conn, table, table.name, columns, rows)
         return
     except psycopg.errors.UniqueViolation:
         pass
+    rows = dedupe_tuples(table, columns, rows)  # ON CONFLICT may touch each key once
     stage = f"_stage_{table.name}"
     conn.exec_driver_sql(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
         f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(conn, stage, columns, rows)
+    _copy(conn, table, stage, columns, rows)
     cols = ", ".join(_quote(conn, c) for c in columns)
     order = ", ".join(_quote(conn, c) for c in primary_key(table))
     # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
@@ -157,12 +156,43 @@ def _pg_upsert(
     conn.exec_driver_sql(f"TRUNCATE {stage}")
 
 
+def copy_types(table: Table, columns: Sequence[str]) -> list[str]:
+    """PostgreSQL type names of `columns`, for binary COPY (3x cheaper than text COPY)."""
+    names = []
+    for column in columns:
+        kind = table.c[column].type
+        for python_type, pg_name in _PG_TYPES:
+            if isinstance(kind, python_type):
+                names.append(pg_name)
+                break
+        else:
+            raise TypeError(f"no COPY type for {table.name}.{column} ({kind!r})")
+    return names
+
+
 def _copy(
-    conn: Connection, target: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+    conn: Connection,
+    table: Table,
+    target: str,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
 ) -> None:
     driver = conn.connection.driver_connection
     assert driver is not None
     cols = ", ".join(_quote(conn, c) for c in columns)
-    with driver.cursor() as cursor, cursor.copy(f"COPY {target} ({cols}) FROM STDIN") as copy:
+    sql = f"COPY {target} ({cols}) FROM STDIN (FORMAT BINARY)"
+    with driver.cursor() as cursor, cursor.copy(sql) as copy:
+        copy.set_types(copy_types(table, columns))
         for row in rows:
             copy.write_row(row)
+
+
+# Order matters: BigInteger is an Integer, Text is a String.
+_PG_TYPES: tuple[tuple[type, str], ...] = (
+    (BigInteger, "int8"),
+    (Integer, "int4"),
+    (Double, "float8"),
+    (Boolean, "bool"),
+    (LargeBinary, "bytea"),
+    (String, "text"),
+)

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil import api, codec, schema
 from vigil.collector import auth, validate
-from vigil.collector.context import CollectorContext, json_response
+from vigil.collector.context import CollectorContext, json_response, read_body
 from vigil.collector.models import ErrorPublic, IngestPublic
 
 log = logging.getLogger(__name__)
@@ -38,20 +38,6 @@ def _error(
     response = json_response({"detail": detail}, status_code=code)
     response.headers.update(headers or {})
     return response
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The body, or None once it grows past `limit` (read no further)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _decode(ctx: CollectorContext, body: bytes) -> schema.Batch:
@@ -101,7 +87,7 @@ def router(ctx: CollectorContext) -> APIRouter:
             if seen is not None:
                 ctx.metrics.batches.labels(outcome="duplicate").inc()
                 return json_response({"batch_id": header_id, "accepted": seen, "duplicate": True})
-        body = await _read_body(request, ctx.settings.max_batch_bytes)
+        body = await read_body(request, ctx.settings.max_batch_bytes)
         if body is None:
             return _error(
                 ctx,

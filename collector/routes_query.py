@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from vigil import api
 from vigil.collector import auth, heatmap, kineto, queries, samples, tables, trace_export
 from vigil.collector import models as m
-from vigil.collector.context import CollectorContext, json_response
+from vigil.collector.context import CollectorContext, json_response, read_body
 
 INT64 = 2**62  # bound query integers well inside the store's 64-bit columns
 JobId = Annotated[str, Path(min_length=1, max_length=256)]
@@ -267,8 +267,8 @@ def _trace_routes(r: APIRouter, ctx: CollectorContext) -> None:
         name: Annotated[str, Query(max_length=256)] = "",
     ) -> Response:
         """Upload a Kineto trace (JSON or gzip) for offline analysis."""
-        body = await request.body()
-        if len(body) > ctx.settings.max_trace_bytes:
+        body = await read_body(request, ctx.settings.max_trace_bytes)
+        if body is None:
             raise HTTPException(413, detail=f"trace exceeds {ctx.settings.max_trace_bytes} bytes")
         try:
             parsed = await run_in_threadpool(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
+from tests.collector.conftest import FakeClock
 from vigil import api, cli, codec, schema
 from vigil.collector import CollectorSettings, StreamAnalyzer, TickingAnalyzer, create_app
 
@@ -25,11 +27,15 @@ def make_client(tmp_path: Path) -> Iterator[MakeClient]:
     clients: list[TestClient] = []
 
     def make(
-        *, analyzer: StreamAnalyzer | None = None, store_url: str = "", **fields: object
+        *,
+        analyzer: StreamAnalyzer | None = None,
+        store_url: str = "",
+        clock: Callable[[], float] = time.time,
+        **fields: object,
     ) -> TestClient:
         url = store_url or f"sqlite:///{tmp_path / f'store{len(clients)}.sqlite3'}"
         settings = CollectorSettings(data_dir=tmp_path, store_url=url, **fields)  # type: ignore[arg-type]
-        client = TestClient(create_app(settings, analyzer=analyzer))
+        client = TestClient(create_app(settings, analyzer=analyzer, clock=clock))
         client.__enter__()
         clients.append(client)
         return client
@@ -372,5 +378,24 @@ def test_vigil_collector_refuses_an_open_bind_without_tokens(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("VIGIL_DATA_DIR", str(tmp_path))
+    root = logging.getLogger("vigil")  # cli.main configures it; undo that after the test
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # cli mutates this copy in place
+    monkeypatch.setattr(root, "propagate", root.propagate)
+    monkeypatch.setattr(root, "level", root.level)
     assert cli.main(["collector", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "refusing to bind 0.0.0.0 without tokens" in capsys.readouterr().err
+
+
+def test_the_maintenance_loop_rolls_up_and_expires_raw_samples(make_client: MakeClient) -> None:
+    clock = FakeClock()
+    client = make_client(clock=clock, maintenance_interval_s=0.05, raw_retention_s=3600.0)
+    assert ingest(client, [rec.sample("n1", 60.0 + i, float(i)) for i in range(60)]) == 200
+    clock.now_s += 7200.0  # two hours later the raw samples are past retention
+    params = {"metric": "gpu_util", "start_s": 0, "end_s": 3600, "points": 1}
+    _wait_for(
+        lambda: (
+            client.get("/api/v1/samples", params={**params, "points": 3600}).json()["series"] == []
+        )
+    )
+    (series,) = client.get("/api/v1/samples", params=params).json()["series"]
+    assert series["points"] == [{"time_s": 0.0, "mean": 29.5, "min": 0.0, "max": 59.0, "count": 60}]

@@ -359,3 +359,19 @@ def test_concurrent_batches_on_the_same_steps_keep_every_cell(store: Store) -> N
 def test_store_size_is_reported(store: Store) -> None:
     store.ingest(rec.batch(rec.steps(8, 8), "b"))
     assert store.size_bytes() > 10_000
+
+
+def test_a_key_repeated_within_one_batch_keeps_the_last_record(store: Store) -> None:
+    store.ingest(rec.batch([rec.step(0, 0), rec.step(0, 0, seconds=3.0), rec.step(1, 0)], "dup"))
+    with store.read() as conn:
+        rows = queries.steps(conn, rec.JOB, step_start=0, step_end=0, rank=None, limit=10)
+        h = heatmap.heatmap(
+            conn,
+            rec.JOB,
+            metric=heatmap.HeatmapMetric.STEP_TIME,
+            step_start=0,
+            step_end=0,
+            max_steps=1,
+        )
+    assert [(r["rank"], r["end_s"] - r["start_s"]) for r in rows] == [(0, 3.0), (1, 0.5)]
+    assert h["values"] == [[3.0, 0.5]]
