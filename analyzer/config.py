@@ -60,6 +60,9 @@ class HangConfig:
 
     # A hang is declared after `factor` x the median recent step time without progress ...
     factor: float = 2.0
+    # ... and `slow_step_factor` x the 95th percentile of recent step times, so a job whose
+    # steps have just grown slower (a straggler) is not taken for a hung one ...
+    slow_step_factor: float = 1.5
     # ... but never sooner than this: heartbeats arrive about once a second, so a shorter
     # threshold would mistake one late heartbeat batch for a hang.
     min_s: float = 2.0
@@ -73,6 +76,7 @@ class HangConfig:
     def __post_init__(self) -> None:
         _require(self.factor >= 1.0, f"factor must be >= 1, got {self.factor}")
         _require(self.min_s > 0, f"min_s must be > 0 seconds, got {self.min_s}")
+        _require(self.slow_step_factor >= 1.0, "slow_step_factor must be >= 1")
         _require(self.warmup_s >= self.min_s, "warmup_s must be >= min_s")
         _require(self.warmup_steps >= 1, "warmup_steps must be >= 1")
         _require(self.history_steps >= 1, "history_steps must be >= 1")

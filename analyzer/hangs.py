@@ -2,7 +2,8 @@
 
 `HangTracker` follows one job: when steps end, and where each rank is (last collective sequence
 number per process group, from heartbeats and collective aggregates). `check(now_s)` declares a
-hang once no step has ended for `max(factor x median recent step time, min_s)` seconds, and names
+hang once no step has ended for `max(factor x median recent step time, slow_step_factor x the 95th
+percentile, min_s)` seconds (a job that has just turned slow is not hung), and names
 the culprits: following who waits for whom (a rank waiting in group G at sequence q waits for the
 members of G that have not reached q), the ranks at the end of those chains never entered the
 collective the others wait in. Pure: the caller supplies `now_s`.
@@ -26,7 +27,9 @@ def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.Ha
     """Seconds without progress that count as a hang, given recent step times."""
     if len(recent_step_times_s) < cfg.warmup_steps:
         return cfg.warmup_s
-    return max(cfg.factor * statistics.median(recent_step_times_s), cfg.min_s)
+    ordered = sorted(recent_step_times_s)
+    slow = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return max(cfg.factor * statistics.median(ordered), cfg.slow_step_factor * slow, cfg.min_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +63,7 @@ def find_culprits(
     group is the ranks ever seen in it. `alive` are all ranks known to the job.
     """
     if not waits:
-        return None
+        return behind_everywhere(seqs)
     waiting = {w.rank: w for w in waits}
     culprits: set[int] = set()
     frontier = list(waiting.values())
@@ -87,7 +90,7 @@ def find_culprits(
         )
     idle = sorted(set(alive) - set(waiting))
     if not idle or len(idle) * 2 > len(waiting) + len(idle):
-        return None
+        return behind_everywhere(seqs)
     return Culprits(
         ranks=tuple(idle),
         group=target.group,
@@ -95,6 +98,36 @@ def find_culprits(
         op=target.op,
         num_waiting=len(waiting),
         resolved=False,
+    )
+
+
+def behind_everywhere(seqs: dict[str, dict[int, int]]) -> Culprits | None:
+    """Culprits when no rank says it is waiting (asynchronous collectives, e.g. FSDP2 and
+    DTensor, block in a wait the SDK cannot see): once progress has stopped, positions are
+    frozen, and the ranks that are behind a peer in some group and ahead of none in any group
+    never entered what their peers did."""
+    ahead: set[int] = set()
+    behind: dict[int, tuple[str, int]] = {}
+    for group, members in sorted(seqs.items()):
+        if len(members) < 2:
+            continue
+        top = max(members.values())
+        if min(members.values()) == top:
+            continue
+        for rank, seq in members.items():
+            if seq < top:
+                gap = behind.get(rank)
+                if gap is None or top - seq > gap[1] - members[rank]:
+                    behind[rank] = (group, top)
+            else:
+                ahead.add(rank)
+    culprits = sorted(set(behind) - ahead)
+    if not culprits:
+        return None
+    group, seq = behind[culprits[0]]
+    peers = {r for r, q in seqs[group].items() if q >= seq}
+    return Culprits(
+        ranks=tuple(culprits), group=group, seq=seq, op="", num_waiting=len(peers), resolved=True
     )
 
 
@@ -134,6 +167,11 @@ class HangTracker:
         self._checkpointing: set[int] = set()
         self._ranks: set[int] = set()
         self._open: schema.Finding | None = None
+        # Set when a supervisor restarts the job: until a step ends again the silence is the
+        # restart's, not a hang, and rank positions start over.
+        self._restarted_s: float | None = None
+        # The latest restart: heartbeats older than it describe ranks that no longer exist.
+        self._epoch_s = 0.0
 
     @property
     def last_progress_s(self) -> float:
@@ -148,14 +186,28 @@ class HangTracker:
         if end_s > self._last_progress_s:
             self._last_progress_s = end_s
         self._last_step = max(self._last_step, step)
+        if self._restarted_s is not None and end_s > self._restarted_s:
+            self._restarted_s = None
 
-    def observe_seq(self, rank: int, group: str, seq: int, op: str) -> None:
-        """The last sequence number `rank` entered in `group` (e.g. from a collective aggregate)."""
+    def restarting(self, now_s: float) -> None:
+        """The job's ranks are being restarted (a recovery action): forget positions."""
+        self._restarted_s = now_s
+        self._epoch_s = max(self._epoch_s, now_s)
+        self._last_progress_s = max(self._last_progress_s, now_s)
+        for state in (self._seqs, self._ops, self._waits):
+            state.clear()
+        self._finished.clear()
+        self._checkpointing.clear()
+
+    def observe_seq(self, rank: int, group: str, seq: int, op: str, *, now: bool = False) -> None:
+        """The last sequence number `rank` entered in `group` (e.g. from a collective aggregate);
+        `now`: the rank's current position (a heartbeat), which wins even if lower (a restarted
+        rank counts from zero again)."""
         self._ranks.add(rank)
         if not group:
             return
         members = self._seqs.setdefault(group, {})
-        if seq >= members.get(rank, -1):
+        if now or seq >= members.get(rank, -1):
             members[rank] = seq
             if op:
                 self._ops[(group, seq)] = op
@@ -164,7 +216,7 @@ class HangTracker:
         self, rank: int, group: str, seq: int, op: str, state: schema.RankState
     ) -> None:
         """Where a rank is now and what it is doing (from a heartbeat)."""
-        self.observe_seq(rank, group, seq, op)
+        self.observe_seq(rank, group, seq, op, now=True)
         if state is schema.RankState.IN_COLLECTIVE and group:
             self._waits[rank] = Wait(rank=rank, group=group, seq=seq, op=op)
         else:
@@ -179,12 +231,16 @@ class HangTracker:
                 states.discard(rank)
 
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
+        if hb.time_s < self._epoch_s:
+            return  # sent by a rank of an attempt that has since been restarted
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
 
     def threshold_s(self) -> float:
         """The learned threshold; the warm-up one while any rank says it is checkpointing."""
         learned = learned_threshold_s(list(self._step_times), self.cfg)
-        return max(learned, self.cfg.warmup_s) if self._checkpointing else learned
+        if self._checkpointing or self._restarted_s is not None:
+            return max(learned, self.cfg.warmup_s)
+        return learned
 
     def check(self, now_s: float) -> schema.Finding | None:
         """A new or resolved hang finding, or None when nothing changed."""

@@ -64,7 +64,7 @@ class _JobStream:
         steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]
         rest: Sequence[schema.Record] = ()
         if len(steps) < len(batch):
-            rest = [r for r in batch if type(r) is not step_type and type(r) in _MEASURED]
+            rest = [r for r in batch if type(r) is not step_type and type(r) in _READ]
         aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
         newest_beat = 0.0
         for r in rest:
@@ -107,6 +107,12 @@ class _JobStream:
             self.window.set_node(r.rank, r.node, r.device_uuid)
         elif isinstance(r, schema.Sample) and r.rank >= 0:
             self.window.add_sample(r.rank, r.time_s, r.metric, r.value)
+        elif (
+            isinstance(r, schema.Action)
+            and r.kind in _RESTARTS
+            and r.state is schema.ActionState.RUNNING
+        ):
+            self.hang.restarting(r.start_s)
 
     # --- analysis ----------------------------------------------------------------------
     def _ready(self, step: int, quorum: int, force_upto: int) -> bool:
@@ -255,6 +261,12 @@ _MEASURED = frozenset(
 
 
 _JOB_ID = operator.attrgetter("job_id")
+# Recovery actions that stop and start the job's ranks (the controller posts them as they run).
+_RESTARTS = frozenset(
+    {schema.ActionKind.RESTART, schema.ActionKind.MIGRATE, schema.ActionKind.RESIZE}
+)
+# Besides measurements, the analyzer reads the recovery actions that restart a job.
+_READ = _MEASURED | {schema.Action}
 
 
 class StreamingAnalyzer:
@@ -281,7 +293,7 @@ class StreamingAnalyzer:
             grouped: dict[str, list[schema.Record]] = defaultdict(list)
             for record in records:
                 job = getattr(record, "job_id", "")
-                if job and type(record) in _MEASURED:
+                if job and type(record) in _READ:
                     grouped[job].append(record)
             by_job = dict(grouped)
         out: list[schema.Finding] = []

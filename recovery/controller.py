@@ -73,7 +73,7 @@ class ControllerConfig:
     min_dp_size: int = 1
     # A hang finding must stay open this long before the job is restarted for it: a rank that
     # was only slow resumes and the analyzer resolves the finding in the meantime.
-    hang_confirm_s: float = 1.0
+    hang_confirm_s: float = 2.0
     budget: policy.Budget = field(default_factory=policy.Budget)
 
     def __post_init__(self) -> None:
@@ -173,6 +173,8 @@ class Controller:
         """Open, about this job, not handled yet, about the running attempt, and confirmed."""
         if finding.job_id != self.config.job_id or finding.state is not FindingState.OPEN:
             return False
+        if finding.kind is FindingKind.CRASH:
+            return False  # the executor sees dead ranks itself, first and for certain
         if finding.finding_id in self._handled():
             return False
         # Evidence gathered before this attempt started describes ranks that are gone (e.g. the

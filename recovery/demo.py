@@ -35,7 +35,8 @@ from vigil.recovery.demo_report import FaultRow, build_rows
 
 log = logging.getLogger(__name__)
 
-# Rank 2 (node-1) turns 4x slower; rank 1 hangs inside a collective; rank 3 crashes. Each fires in
+# Rank 2 (node-1) turns 2.5x slower; rank 1 stops before its step's collectives (its peers wait
+# in them); rank 3 crashes. Each fires in
 # its own attempt, so every recovery faces a fresh fault.
 STRAGGLER_RANK, HANG_RANK, CRASH_RANK = 2, 1, 3
 
@@ -48,19 +49,22 @@ class DemoPlan:
     hang_step: int
     crash_step: int
     steps: int
-    slow_factor: float = 4.0
+    # 2.5x compute on one rank: a straggler worth moving away from (policy: >= 1.5x is HIGH).
+    slow_factor: float = 2.5
 
     @classmethod
     def make(cls, *, quick: bool) -> DemoPlan:
+        # Gaps leave room for detection (a straggler needs ~8 steps of evidence) and for a
+        # restart to resume before the next fault's step.
         if quick:
-            return cls(slow_step=4, hang_step=12, crash_step=18, steps=22)
-        return cls(slow_step=6, hang_step=20, crash_step=32, steps=40)
+            return cls(slow_step=4, hang_step=22, crash_step=30, steps=34)
+        return cls(slow_step=6, hang_step=30, crash_step=42, steps=50)
 
     def faults(self) -> str:
         return ";".join(
             [
                 f"slow:rank={STRAGGLER_RANK},step={self.slow_step},factor={self.slow_factor}",
-                f"hang:rank={HANG_RANK},step={self.hang_step},where=collective,attempt=1",
+                f"hang:rank={HANG_RANK},step={self.hang_step},where=before,attempt=1",
                 f"crash:rank={CRASH_RANK},step={self.crash_step},attempt=2",
             ]
         )

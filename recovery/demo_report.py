@@ -105,11 +105,10 @@ def _first_finding(
 ) -> Finding | None:
     """The finding of `kind` the controller acted on (else the first one after the onset)."""
     acted = {a.finding_id for a in actions}
-    candidates = [f for f in findings if f.kind is kind]
-    for finding in sorted(candidates, key=lambda f: f.detected_s):
+    later = [f for f in findings if f.kind is kind and (after is None or f.detected_s >= after)]
+    for finding in sorted(later, key=lambda f: f.detected_s):
         if finding.finding_id in acted:
             return finding
-    later = [f for f in candidates if after is None or f.detected_s >= after]
     return min(later, key=lambda f: f.detected_s, default=None)
 
 

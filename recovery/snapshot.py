@@ -123,10 +123,28 @@ class Snapshotter:
         return state
 
 
+def from_env(*, job: str) -> Snapshotter | None:
+    """A Snapshotter for a rank started by `vigil run` (VIGIL_SNAPSHOT_DIR set), else None."""
+    root = os.environ.get("VIGIL_SNAPSHOT_DIR")
+    if not root or not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    return Snapshotter(
+        job=job,
+        node=os.environ.get("VIGIL_NODE", "localhost"),
+        rank=dist.get_rank(),
+        world_size=world,
+        ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+        root=Path(root),
+    )
+
+
 def _send_recv(out: torch.Tensor, to: int, into: torch.Tensor, source: int) -> None:
-    ops = [dist.P2POp(dist.isend, out, to), dist.P2POp(dist.irecv, into, source)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+    # Plain isend/irecv (not batch_isend_irecv): profiling wrappers around them stay valid.
+    works = [dist.isend(out, to), dist.irecv(into, source)]
+    for work in works:
+        if work is not None:
+            work.wait()
 
 
 def _write(folder: Path, step: int, payload: bytes, keep: int) -> None:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from vigil.recovery import snapshot
 from vigil.trainer import assembly, checkpoint, data, faults, parallel, pipeline, recipes, telemetry
 from vigil.trainer import model as model_lib
 from vigil.trainer.exits import ExitCode
@@ -60,6 +61,8 @@ class StepStats:
     tokens_per_s: float
     mfu: float
     skipped: bool = False
+    attempt: int = 0  # the restart attempt that ran this step (0 = first start)
+    end_s: float = 0.0  # wall-clock time the step finished (Unix seconds)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -147,6 +150,7 @@ class Trainer:
                 group=side_group,
                 extra={"recipe": recipe.name, "layout": {k: str(v) for k, v in layout.items()}},
             )
+        self.snaps = snapshot.from_env(job=self.ctx.job_id) if self.distributed else None
         self.flops_per_token = recipe.model.flops_per_token(recipe.seq_len)
         self.tele.watch(self.parts.owner, self.parts.optimizer)
         self.tele.on_control("checkpoint", self.control.request_checkpoint)
@@ -157,7 +161,12 @@ class Trainer:
         return {"model": model_sd, "optim": optim_sd}
 
     def _resume(self) -> int:
-        if self.ckpt is None or not self.recipe.checkpoint.resume:
+        if not self.recipe.checkpoint.resume:
+            return 0
+        from_snapshot = self._resume_from_snapshot()
+        if from_snapshot is not None:
+            return from_snapshot
+        if self.ckpt is None:
             return 0
         path = self.ckpt.resume_path()
         if path is None:
@@ -173,6 +182,35 @@ class Trainer:
         )
         log.info("resumed from %s (step %d)", path, step)
         return step
+
+    def _resume_from_snapshot(self) -> int | None:
+        """Restore the newest in-memory snapshot when it is newer than every committed
+        checkpoint (all ranks agree, since a snapshot only fits the layout it came from)."""
+        if self.snaps is None:
+            return None
+        found = self.snaps.newest()
+        committed = checkpoint.committed_steps(self.ckpt.root) if self.ckpt else []
+        newest_ckpt = max(committed, default=0)
+        mine = found.step if found is not None and found.step > newest_ckpt else -1
+        agreed = torch.tensor([mine, -mine], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # [max step, -min step] over ranks
+        if mine < 0 or int(agreed[0]) != mine or -int(agreed[1]) != mine:
+            return None  # someone lacks it (or has another step): fall back to checkpoints
+        assert found is not None
+        state = self.state()
+        restored = snapshot.restore_local(state, self.snaps.load(found)["state"])
+        set_state_dict(
+            self.parts.owner,
+            self.parts.optimizer,
+            model_state_dict=restored["model"],
+            optim_state_dict=restored["optim"],
+        )
+        log.info("resumed from the in-memory snapshot of step %d (%s)", found.step, found.path)
+        return found.step
+
+    def _snapshot(self, step: int) -> None:
+        if self.snaps is not None:
+            self.snaps.save(step, {"state": snapshot.local_copy(self.state())})
 
     # ----- one step -----------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -286,6 +324,8 @@ class Trainer:
             tokens_per_s=tokens_per_s,
             mfu=mfu,
             skipped=not stepped,
+            attempt=self.ctx.restart_count,
+            end_s=time.time(),
         )
         return stats, want_ckpt, want_stop
 
@@ -324,6 +364,7 @@ class Trainer:
         bad_in_row = 0
         for step in range(start + 1, last + 1):
             stats, want_ckpt, want_stop = self._one_step(step)
+            self._snapshot(step)
             history.append(stats)
             self._record(stats)
             bad_in_row = bad_in_row + 1 if stats.skipped else 0
