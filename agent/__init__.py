@@ -49,4 +49,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vigil.agent' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"vigil.agent.{module}"), name)
+    value = getattr(importlib.import_module(f"vigil.agent.{module}"), name)
+    globals()[name] = value  # later lookups skip this hook (it runs once per name)
+    return value
