@@ -1,0 +1,40 @@
+"""`vigil demo --quick`: collector, agent, controller and a 4-rank trainer; three faults.
+
+The shortened demo of the README, run as a user runs it: it must name each culprit, recover,
+lose at most one step per fault, and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_quick_demo_finds_names_and_recovers_three_faults(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vigil", "demo", "--quick", "--json", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=400, check=False,
+        env={k: v for k, v in os.environ.items() if k != "VIGIL_FAULTS"},
+    )  # fmt: skip
+    rows_line = next((ln for ln in done.stdout.splitlines() if ln.startswith("[")), "[]")
+    rows = {r["fault"]: r for r in json.loads(rows_line)}
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert set(rows) == {"straggler", "hang", "crash"}
+    for fault, rank in (("straggler", 2), ("hang", 1), ("crash", 3)):
+        row = rows[fault]
+        assert row["culprit"] == f"rank {rank}", row
+        assert row["detected_after_s"] is not None and row["detected_after_s"] < 30, row
+        assert row["steps_lost"] <= 1 and row["recover_s"] is not None, row
+    assert "migrate" in rows["straggler"]["action"]
+    assert rows["hang"]["action"].startswith("dump_stacks")
+    assert "all three faults detected" in done.stdout
+    # The controller's journal and the collector's store were left for inspection.
+    assert (tmp_path / "controller" / "actions.jsonl").exists()
+    assert (tmp_path / "collector.sqlite3").exists()
