@@ -242,6 +242,8 @@ class Controller:
             self.state.culprit_counts[node] = self.state.culprit_counts.get(node, 0) + 1
         self.state.recovering = finding.finding_id
         self.state.recovering_from = self.state.attempt
+        # A dead or hung job cannot stop gracefully (its state is in the snapshots already).
+        self.state.recovering_graceful = not job_down and finding.kind is not FindingKind.HANG
         self.journal.save_state(self.state)
         self._die_if("planned")
         self._finish_recovery(finding.finding_id)
@@ -316,7 +318,8 @@ class Controller:
             self.executor.stop(timeout_s=self.config.stop_timeout_s)
             self.executor.kill_attempt(target)
         else:
-            self.executor.stop(timeout_s=self.config.stop_timeout_s)
+            graceful = self.state.recovering_graceful
+            self.executor.stop(timeout_s=self.config.stop_timeout_s if graceful else 0.0)
             self.executor.kill_attempt(self.state.attempt)
             self._die_if("stopped")
             nodes = [n for n in action.target.split(",") if n]
@@ -375,6 +378,13 @@ def _with(action: Action, **changes: object) -> Action:
 
 
 def _stack_identity(text: str) -> str:
-    """Stacks that differ only in thread ids and addresses are the same stack."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(("File", "at ", "("))]
-    return "\n".join(lines) or text.strip()[:200]
+    """The main thread's frames of a py-spy dump: ranks stuck in the same place share them
+    (process ids, thread ids and the other threads are left out)."""
+    frames: list[str] = []
+    in_main = False
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            in_main = '"MainThread"' in line
+        elif in_main and line.startswith("    "):
+            frames.append(line.strip())
+    return "\n".join(frames) or text.strip()

@@ -9,13 +9,14 @@ Orchestration only: detection is the analyzer's, decisions the policy's, actions
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,11 +109,9 @@ def wait_ready(url: str, *, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"collector at {url} did not answer within {timeout_s:.0f} s")
 
 
-def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRow], str]:
-    """Run the demo in `workdir`; returns (exit code, one row per fault, the collector URL)."""
-    plan = DemoPlan.make(quick=quick)
-    workdir.mkdir(parents=True, exist_ok=True)
-    job = f"demo-{int(time.time())}"
+@contextlib.contextmanager
+def platform(workdir: Path, port: int = 0) -> Iterator[str]:
+    """A collector (SQLite in `workdir`, streaming analyzer on) and a node agent; yields the URL."""
     port = port or local.free_port()
     url = f"http://127.0.0.1:{port}"
     python = sys.executable
@@ -131,7 +130,20 @@ def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRo
              "--metrics-port", str(local.free_port()), "--no-nvml"],
             workdir / "agent.log", env,
         )  # fmt: skip
-        code = _supervise(job=job, url=url, plan=plan, workdir=workdir, env=env)
+        yield url
+    finally:
+        services.stop()
+
+
+def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRow], str]:
+    """Run the demo in `workdir`; returns (exit code, one row per fault, the collector URL)."""
+    plan = DemoPlan.make(quick=quick)
+    workdir.mkdir(parents=True, exist_ok=True)
+    job = f"demo-{int(time.time())}"
+    with platform(workdir, port) as url:
+        code = supervise(
+            TrainJob(job=job, url=url, workdir=workdir, steps=plan.steps, faults=plan.faults())
+        )
         time.sleep(1.5)  # let the last batches land before reading the story back
         rows = build_rows(
             findings=collector_link.CollectorFindings(url=url, job_id=job).fetch(),
@@ -144,43 +156,60 @@ def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRo
                 "crash": plan.crash_step,
             },
         )
-    finally:
-        services.stop()
     ok = code == 0 and len(rows) == 3 and all(r.ok for r in rows)
     return (0 if ok else 1), rows, url
 
 
-def _supervise(*, job: str, url: str, plan: DemoPlan, workdir: Path, env: dict[str, str]) -> int:
-    ckpt_dir = workdir / "checkpoints"
-    command = [
-        sys.executable, "-m", "vigil", "train", "--recipe", "tiny", "--dp", "2", "--tp", "2",
-        "--steps", str(plan.steps), "--job", job, "--collector", url,
-        "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "10", "--timeout", "60",
-        "--metrics-out", str(workdir / "steps.jsonl"), "--faults", plan.faults(),
-    ]  # fmt: skip
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """A bundled-trainer job under the controller (the demo's, or a benchmark's)."""
+
+    job: str
+    url: str
+    workdir: Path
+    steps: int
+    faults: str = ""
+    nproc: int = 4
+    nodes: int = 2
+    spare: int = 1
+    layout: tuple[str, ...] = ("--dp", "2", "--tp", "2")
+    ckpt_every: int = 10
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "vigil", "train", "--recipe", "tiny", *self.layout,
+            "--steps", str(self.steps), "--job", self.job, "--collector", self.url,
+            "--ckpt-dir", str(self.workdir / "checkpoints"), "--ckpt-every", str(self.ckpt_every),
+            "--timeout", "60", "--metrics-out", str(self.workdir / "steps.jsonl"),
+            *(["--faults", self.faults] if self.faults else []),
+        ]  # fmt: skip
+
+
+def supervise(spec: TrainJob) -> int:
+    """Run `spec` under a controller fed by the collector's findings; the controller's exit code."""
     executor = local.LocalExecutor(
-        command=command,
-        run_dir=workdir / "controller",
-        env={"VIGIL_JOB": job, "VIGIL_COLLECTOR_URL": url},
-        snapshot_root=workdir / "shm",
+        command=spec.command(),
+        run_dir=spec.workdir / "controller",
+        env={"VIGIL_JOB": spec.job, "VIGIL_COLLECTOR_URL": spec.url},
+        snapshot_root=spec.workdir / "shm",
     )
     ctl = controller.Controller(
         config=controller.ControllerConfig(
-            job_id=job,
-            run_id=job,
+            job_id=spec.job,
+            run_id=spec.job,
             max_restarts=5,
             poll_interval_s=0.25,
             checkpoint_timeout_s=20.0,
             budget=policy.Budget(cooldown_s=0.0),
         ),
         executor=executor,
-        journal=journal.Journal(workdir / "controller"),
-        placement=placement.Placement.build(nproc=4, nodes=2, spare=1),
-        findings=collector_link.CollectorFindings(url=url, job_id=job),
+        journal=journal.Journal(spec.workdir / "controller"),
+        placement=placement.Placement.build(nproc=spec.nproc, nodes=spec.nodes, spare=spec.spare),
+        findings=collector_link.CollectorFindings(url=spec.url, job_id=spec.job),
         checkpointer=checkpoint_request.PageCheckpointer(
-            progress_dir=Path("/dev/shm/vigil"), job_id=job
+            progress_dir=Path("/dev/shm/vigil"), job_id=spec.job
         ),
-        sink=collector_link.CollectorActions(url=url),
+        sink=collector_link.CollectorActions(url=spec.url),
     )
     return ctl.run()
 
@@ -189,4 +218,4 @@ def describe(rows: Sequence[FaultRow]) -> str:
     return json.dumps([r.as_dict() for r in rows])
 
 
-__all__ = ["DemoPlan", "describe", "run"]
+__all__ = ["DemoPlan", "TrainJob", "describe", "platform", "run", "supervise"]

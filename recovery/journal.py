@@ -41,6 +41,8 @@ class ControllerState(msgspec.Struct, kw_only=True):
     recovering: str = ""
     # The attempt that was running when that recovery began (a restart launches this + 1).
     recovering_from: int = 0
+    # Whether that recovery may stop the ranks gracefully (SIGTERM, wait) or must kill them.
+    recovering_graceful: bool = True
     finished: bool = False
     exit_code: int = 0
 
