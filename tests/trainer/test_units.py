@@ -119,3 +119,15 @@ def test_recipe_shapes_and_flops() -> None:
     assert tiny.flops_per_token(32) == 6 * n + 12 * 2 * 4 * 16 * 32
     with pytest.raises(ValueError, match="tp=3 must divide"):
         recipes.named("tiny", parallel=recipes.ParallelConfig(tp=3))
+
+
+def test_bf16_autocast_trains_close_to_fp32() -> None:
+    fp32 = recipes.named("tiny", steps=4)
+    bf16 = fp32.replace(precision=recipes.Precision.BF16)
+    with loop.trainer_session(fp32, ctx=loop.RunContext()) as trainer:
+        want = trainer.train().losses
+    with loop.trainer_session(bf16, ctx=loop.RunContext()) as trainer:
+        got = trainer.train().losses
+    for step, value in want.items():
+        assert got[step] == pytest.approx(value, abs=0.05), step  # bf16 has ~3 digits
+    assert got != want  # it really ran in bf16
