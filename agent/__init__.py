@@ -1,12 +1,33 @@
 """SDK hooks inside training processes and the per-node agent daemon.
 
 Training code uses `init`, `watch`, `step`, `span`, `on_control` and `shutdown` (see
-`vigil.agent.sdk`). vigil.agent must not import vigil.collector (import-linter contract).
+`vigil.agent.sdk`). Importing `vigil.agent` imports neither torch nor starts anything: the SDK
+functions load on first use (PEP 562), so `vigil agent` runs on nodes without torch.
+vigil.agent must not import vigil.collector (import-linter contract).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from vigil.agent.config import AgentConfig, SdkConfig, ShipperConfig
-from vigil.agent.sdk import current, init, on_control, shutdown, span, step, watch
-from vigil.agent.session import Session, StepHandle
+
+if TYPE_CHECKING:
+    from vigil.agent.sdk import current, init, on_control, shutdown, span, step, watch
+    from vigil.agent.session import Session, StepHandle
+
+_LAZY = {
+    "current": "sdk",
+    "init": "sdk",
+    "on_control": "sdk",
+    "shutdown": "sdk",
+    "span": "sdk",
+    "step": "sdk",
+    "watch": "sdk",
+    "Session": "session",
+    "StepHandle": "session",
+}
 
 __all__ = [
     "AgentConfig",
@@ -22,3 +43,12 @@ __all__ = [
     "step",
     "watch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vigil.agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"vigil.agent.{module}"), name)
+    globals()[name] = value  # later lookups skip this hook (it runs once per name)
+    return value

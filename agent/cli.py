@@ -36,6 +36,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-factor", type=float, default=d.hang_factor)
     parser.add_argument("--min-hang", type=float, default=d.min_hang_s, help="seconds")
     parser.add_argument("--startup-grace", type=float, default=d.startup_grace_s, help="seconds")
+    parser.add_argument("--page-ttl", type=float, default=d.page_ttl_s, help="seconds")
     parser.add_argument("--no-nvml", action="store_true", help="sample the host only")
     parser.add_argument(
         "--request", choices=["checkpoint", "dump_stacks"], help="send a control request and exit"
@@ -83,6 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         min_hang_s=args.min_hang,
         startup_grace_s=args.startup_grace,
         use_nvml=not args.no_nvml,
+        page_ttl_s=args.page_ttl,
     )
     agent = daemon.Agent(cfg)
     stop = threading.Event()

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from vigil import schema
-from vigil.agent import progress
+from vigil.agent import functional, progress
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,16 @@ class CollectiveRecorder:
 
     # -- the hot path ---------------------------------------------------------------------
     def begin(
-        self, op: str, group: Any, tensors: Any, peer: int | None, *, blocking: bool
+        self,
+        op: str,
+        group: Any,
+        tensors: Any,
+        peer: int | None,
+        *,
+        blocking: bool,
+        scale_bytes: int = 1,
     ) -> _Pending:
+        """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers)."""
         now = self._clock()
         name = self.group_name(group)
         if peer is not None:
@@ -134,6 +142,7 @@ class CollectiveRecorder:
             low, high = sorted((me, peer))
             name = f"{name}:p2p:{low}-{high}"
         nbytes, dtype, cuda = _size(tensors)
+        nbytes *= scale_bytes
         with self._lock:
             self._seqs[name] += 1
             seq = self._seqs[name]
@@ -286,9 +295,14 @@ def _cuda_event() -> Any:
 
 
 # -- installing the wrappers ----------------------------------------------------------------
-_state = threading.local()
+_state = threading.local()  # .depth: inside a wrapped call (inner calls are not recorded again)
 _active: CollectiveRecorder | None = None
 _originals: dict[str, Any] = {}
+
+
+def active() -> CollectiveRecorder | None:
+    """The recorder wrapped calls report to, or None when not installed / inside a wrapped call."""
+    return None if getattr(_state, "depth", False) else _active
 
 
 def _position(fn: Callable[..., Any], name: str | None) -> int:
@@ -394,12 +408,14 @@ def install(recorder: CollectiveRecorder) -> None:
     if work_type is not None:
         _originals["Work.wait"] = work_type.wait
         work_type.wait = _wrap_wait(work_type.wait)
+    functional.install()
 
 
 def uninstall() -> None:
     """Restore the original functions; wrapped calls in flight finish normally."""
     global _active
     _active = None
+    functional.uninstall()
     for name, fn in list(_originals.items()):
         if name == "Work.wait":
             dist.Work.wait = fn  # type: ignore[method-assign]

@@ -167,9 +167,13 @@ class AgentConfig:
     # py-spy needs ptrace; 20 s covers a big process, and a stuck py-spy must not stall the agent.
     stack_timeout_s: float = 20.0
     use_nvml: bool = True
+    # Pages of exited processes are exported for 10 minutes (a dashboard shows how a job ended),
+    # then deleted from /dev/shm so a node running many jobs does not fill its RAM disk.
+    page_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         _paths(self, "output_dir", "progress_dir", "spool_dir")
+        _require(self.page_ttl_s >= 0, "page_ttl_s must be >= 0")
         _require(bool(self.node), "node must be a non-empty name")
         _require(0 <= self.metrics_port <= 65535, "metrics_port must be 0..65535")
         _require(self.sample_interval_s > 0, "sample_interval_s must be > 0")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,17 @@ class _Tracked:
     reader: progress.PageReader
     last: progress.PageSnapshot | None = None
     hung: bool = False
+    exit_seen: bool = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 class Agent:
@@ -148,6 +160,9 @@ class Agent:
                 del self._tracked[path]
                 continue
             tracked.last = snap
+            if not _alive(snap.pid):
+                self._exited(path, tracked, snap)
+                continue
             suspect = self.watchdog.observe(snap, now)
             tracked.hung = suspect is not None or (
                 tracked.hung
@@ -157,6 +172,34 @@ class Agent:
                 found.append(suspect)
                 self._handle_hang(suspect, tracked)
         return found
+
+    def _exited(self, path: Path, tracked: _Tracked, snap: progress.PageSnapshot) -> None:
+        """A rank's process is gone: report a crash once, delete the page after its TTL."""
+        if snap.state is not schema.RankState.FINISHED and not tracked.exit_seen:
+            log.warning(
+                "rank %d of %s (pid %d) exited without finishing, at step %d in %s #%d %s",
+                snap.rank,
+                snap.job,
+                snap.pid,
+                snap.last_step,
+                snap.last_group,
+                snap.last_seq,
+                snap.last_op,
+            )
+            events = tracked.reader.events()
+            self.queue.extend(events)
+            self.queue.put(_heartbeat(snap))
+            self.queue.put(_crash(snap, self.cfg.node, len(events)))
+            self.flusher.flush_soon()
+        tracked.exit_seen = True
+        tracked.hung = False
+        if time.time() - snap.progress_wall_s >= self.cfg.page_ttl_s:
+            tracked.reader.close()
+            del self._tracked[path]
+            self.watchdog.forget(snap.job, snap.rank)
+            for leftover in (path, path.with_suffix(".stacks")):
+                leftover.unlink(missing_ok=True)
+            log.info("removed the page of exited rank %d of %s", snap.rank, snap.job)
 
     def _discover(self) -> None:
         for path in progress.discover(self.cfg.progress_dir):
@@ -267,6 +310,25 @@ def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:
         last_seq=snap.last_seq,
         last_op=snap.last_op,
         state=snap.state,
+    )
+
+
+def _crash(snap: progress.PageSnapshot, node: str, num_events: int) -> schema.Finding:
+    where = f"{snap.state} in {snap.last_group} #{snap.last_seq} {snap.last_op}".strip()
+    return schema.Finding(
+        finding_id=f"agent-crash-{snap.job}-r{snap.rank}-{snap.pid}",
+        kind=schema.FindingKind.CRASH,
+        job_id=snap.job,
+        subjects=schema.Subjects(ranks=[snap.rank], nodes=[node]),
+        step_start=snap.last_step,
+        step_end=snap.last_step,
+        summary=(
+            f"rank {snap.rank} (pid {snap.pid}) exited without finishing at step "
+            f"{snap.last_step}; last: {where}; {num_events} ring events attached"
+        ),
+        confidence=0.9,
+        detected_s=time.time(),
+        trace_end_s=snap.progress_wall_s,
     )
 
 

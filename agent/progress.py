@@ -24,6 +24,7 @@ import functools
 import mmap
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,10 @@ _OFF_CONTROL = 576
 _OFF_ACK = 608
 _OFF_RING = 1024
 SLOT_SIZE = 128
-_READ_RETRIES = 100
+# A reader retries a block that is being written; in the writer's own process it must also let
+# the writer run (the GIL), hence the short sleeps. 1 s without a stable read means a wedged writer
+# died mid-write (the block stays odd forever).
+_READ_DEADLINE_S = 1.0
 
 STATE_CODES: dict[schema.RankState, int] = {s: i for i, s in enumerate(schema.RankState)}
 CODE_STATES: dict[int, schema.RankState] = {i: s for s, i in STATE_CODES.items()}
@@ -302,14 +306,18 @@ class PageReader:
         self.job, self.node = _text(meta[8]), _text(meta[9])
 
     def _read(self, offset: int, packer: struct.Struct) -> tuple[Any, ...]:
-        for _ in range(_READ_RETRIES):
+        deadline = 0.0
+        while True:
             before = _SEQ.unpack_from(self._map, offset)[0]
-            if before % 2:
-                continue
-            values = packer.unpack_from(self._map, offset + 8)
-            if _SEQ.unpack_from(self._map, offset)[0] == before:
-                return tuple(values)
-        raise TimeoutError(f"{self.path}: page block at {offset} kept changing while read")
+            if not before % 2:
+                values = packer.unpack_from(self._map, offset + 8)
+                if _SEQ.unpack_from(self._map, offset)[0] == before:
+                    return tuple(values)
+            now = time.monotonic()
+            deadline = deadline or now + _READ_DEADLINE_S
+            if now > deadline:
+                raise TimeoutError(f"{self.path}: page block at {offset} kept changing while read")
+            time.sleep(0.0005)
 
     def snapshot(self) -> PageSnapshot:
         live = self._read(_OFF_LIVE, _LIVE)

@@ -88,6 +88,9 @@ class Session:
         self._requests: collections.deque[str] = collections.deque()
         self._control_seq = 0
         self._hang_reported_at = -1.0
+        # Host peak RSS, refreshed by the flusher each interval (getrusage costs microseconds per
+        # step); on CUDA the step record reads the allocator's peak directly.
+        self._peak_memory_bytes = _peak_memory()
         # Step records whose loss is a tensor wait here until the flusher reads it (no sync).
         self._pending_losses: collections.deque[tuple[schema.StepRecord, torch.Tensor | None]] = (
             collections.deque()
@@ -277,7 +280,7 @@ class Session:
             model_flops=flops,
             mfu=util,
             loss=handle.loss if isinstance(handle.loss, float | int) else None,
-            peak_memory_bytes=_peak_memory(),
+            peak_memory_bytes=_cuda_peak_memory() or self._peak_memory_bytes,
         )
         if isinstance(handle.loss, torch.Tensor) or self._pending_losses:
             # Keeps step order: later records wait behind one whose loss is still a tensor.
@@ -356,6 +359,7 @@ class Session:
 
     # -- background tick (flusher thread) -------------------------------------------------
     def _tick(self) -> None:
+        self._peak_memory_bytes = _peak_memory()
         self._settle_losses()
         reader = progress.PageReader(self.page.path)
         try:
@@ -376,6 +380,9 @@ class Session:
             )
         )
         self._check_hang(snap)
+        self._write_health()
+
+    def _write_health(self) -> None:
         stats = self.shipper.stats if self.shipper else None
         dropped = self.queue.dropped + (self.shipper.spool.dropped_records if self.shipper else 0)
         self.page.health(
@@ -437,11 +444,19 @@ class Session:
             )
         )
         self.flusher.stop()
+        self._write_health()  # the final drain may have spooled (and dropped) more
         if self._stacks_file is not None:
             with contextlib.suppress(Exception):
                 faulthandler.unregister(self.cfg.stack_signal)
             self._stacks_file.close()
         self.page.close()
+
+
+def _cuda_peak_memory() -> int:
+    """The allocator's peak on CUDA (cheap: a counter read); 0 without CUDA."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return int(torch.cuda.max_memory_allocated())
+    return 0
 
 
 def _peak_memory() -> int:

@@ -2,7 +2,8 @@
 
 Run one process per rank (the test launches them):
     python dist_scenarios.py RANK WORLD PORT OUT_DIR PROGRESS_DIR
-Step ranges: DDP 0-2, FSDP2 10-12, tensor parallel 20-22, async + p2p 30. The SDK writes JSONL
+Step ranges: DDP 0-2, FSDP2 10-12, tensor parallel (Megatron-style) 20-22, DTensor tensor
+parallel 40-42, async + p2p 30. The SDK writes JSONL
 under OUT_DIR and leaves each rank's progress page (with its ring buffer) under PROGRESS_DIR.
 """
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import vigil.agent
 
@@ -113,6 +115,14 @@ def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
     tp_groups = [dist.new_group([r, r + 1], group_desc="tp") for r in range(0, world, 2)]
     torch.manual_seed(rank // 2)
     train(TensorParallelMLP(tp_groups[rank // 2], 2), range(20, 23))
+
+    # DTensor tensor parallelism (torch-native, as torchtitan does it): functional collectives.
+    mesh_2d = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    dtensor_tp = parallelize_module(
+        mlp(), mesh_2d["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    )
+    train(dtensor_tp, range(40, 43))
+    del dtensor_tp
 
     with vigil.agent.step(30):
         work = dist.all_reduce(torch.ones(256), async_op=True)

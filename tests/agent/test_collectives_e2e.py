@@ -1,4 +1,4 @@
-"""One 4-rank gloo launch (DDP, FSDP2, tensor parallel, async + p2p) checked from every angle.
+"""One 4-rank gloo launch (DDP, FSDP2, two kinds of tensor parallel, async + p2p), checked.
 
 The job runs `dist_scenarios.py` in real processes; assertions read what a user would read: the
 JSONL step records and collective aggregates, and the raw events in each rank's ring buffer.
@@ -96,6 +96,23 @@ def test_tensor_parallel_allreduces_carry_their_group(run: Run) -> None:
     assert groups[0] == groups[1] != groups[2] == groups[3]
 
 
+def test_dtensor_tensor_parallel_functional_collectives_are_recorded(run: Run) -> None:
+    groups = {}
+    for rank in range(WORLD):
+        aggs = run.aggs(rank, range(40, 43))
+        # RowwiseParallel's output: Partial -> Replicate, one functional all-reduce per step.
+        assert [(a.step, a.op, a.count) for a in aggs] == [
+            (40, "all_reduce", 1),
+            (41, "all_reduce", 1),
+            (42, "all_reduce", 1),
+        ]
+        assert [a.bytes for a in aggs] == [8 * HIDDEN * 4] * 3
+        assert [a.last_seq for a in aggs] == [1, 2, 3]
+        (groups[rank],) = {a.group for a in aggs}
+    assert groups[0] == groups[1] != groups[2] == groups[3]
+    assert groups[0].startswith("mesh_tp:")
+
+
 def test_async_and_point_to_point_ops_complete_with_peer_groups(run: Run) -> None:
     for rank in range(WORLD):
         aggs = {(a.group, a.op): a for a in run.aggs(rank, range(30, 31))}
@@ -139,11 +156,11 @@ def test_aggregates_add_up_to_the_raw_events(run: Run) -> None:
 def test_step_records_have_phases_and_mfu(run: Run) -> None:
     for rank in range(WORLD):
         steps = run.steps(rank)
-        assert [s.step for s in steps] == [0, 1, 2, 10, 11, 12, 20, 21, 22, 30]
+        assert [s.step for s in steps] == [0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 30]
         trained = [s for s in steps if s.step != 30]
         assert all(s.forward_s > 0 and s.backward_s > 0 and s.optimizer_s > 0 for s in trained)
         assert all(s.loss is not None and s.loss > 0 for s in trained)
         assert all(0 < s.mfu < 1 and s.tokens == 8 for s in trained)
         assert all(s.end_s - s.start_s >= s.forward_s + s.backward_s for s in trained)
         # The p2p step blocks in recv and wait(): that is exposed communication time.
-        assert steps[-1].comm_wait_s > 0
+        assert steps[-1].comm_wait_s > 0 and steps[-1].step == 30

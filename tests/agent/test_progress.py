@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,29 @@ def test_reader_refuses_a_file_that_is_not_a_page(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a vigil progress page"):
         progress.PageReader(bogus)
     assert progress.discover(tmp_path) == [bogus]
+
+
+def test_reads_are_consistent_while_another_thread_writes(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    stop = threading.Event()
+
+    def write() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            writer.step_done(progress.StepSummary(step=step, step_time_s=2.0 * step, tokens=step))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads constantly, also in the middle of a write
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        seen = [reader.snapshot().last for _ in range(3000)]
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    # Never a torn block: every reading pairs a step with its own time and tokens.
+    assert all(s.step_time_s == 2.0 * s.step and s.tokens == s.step for s in seen if s.step > 0)
+    assert len({s.step for s in seen}) > 3  # the writer really ran during the reads

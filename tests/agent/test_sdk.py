@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -112,10 +114,29 @@ def test_control_requests_run_at_the_next_step_in_the_training_thread(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _loop(range(2), model, opt)
     assert ran == []
+    # As an operator would: `vigil agent --request` writes the request into the rank's page.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vigil",
+            "agent",
+            "--request",
+            "checkpoint",
+            "--job",
+            "unit",
+            "--progress-dir",
+            str(dirs[1]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "rank 0: checkpoint requested (#1)" in done.stdout
     reader = progress.PageReader(session.page.path)
-    seq = reader.request_control("checkpoint")
     _loop(range(2, 3), model, opt)
-    assert ran == [("ckpt", threading.get_ident())] and reader.acked() == seq
+    assert ran == [("ckpt", threading.get_ident())] and reader.acked() == 1
     assert session.internal_errors == 1
     reader.request_control("dump_stacks")
     _loop(range(3, 4), model, opt)
