@@ -131,3 +131,12 @@ def test_bf16_autocast_trains_close_to_fp32() -> None:
     for step, value in want.items():
         assert got[step] == pytest.approx(value, abs=0.05), step  # bf16 has ~3 digits
     assert got != want  # it really ran in bf16
+
+
+def test_a_hang_before_the_collective_stops_the_rank_at_its_step() -> None:
+    slept: list[float] = []
+    injector = faults.Injector([faults.hang_at(1, 4, seconds=30.0)], rank=1, sleep=slept.append)
+    injector.at_step_start(3)
+    assert slept == []
+    injector.at_step_start(4)  # a bounded hang returns after its seconds; 0 means forever
+    assert slept == [30.0]
