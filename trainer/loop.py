@@ -60,6 +60,7 @@ class StepStats:
     step_s: float
     tokens_per_s: float
     mfu: float
+    grad_norm: float = 0.0  # before clipping; 0 when clipping is off or the step was skipped
     skipped: bool = False
     attempt: int = 0  # the restart attempt that ran this step (0 = first start)
     end_s: float = 0.0  # wall-clock time the step finished (Unix seconds)
@@ -279,23 +280,26 @@ class Trainer:
             dist.all_reduce(squares, group=self.mesh["pp"].get_group())
         return squares.sqrt()
 
-    def _optimizer_step(self, step: int, loss: float) -> bool:
-        """Clip and step; skip (and clear gradients) when the loss is not finite."""
+    def _optimizer_step(self, step: int, loss: float) -> float | None:
+        """Clip and step, returning the gradient norm; None (gradients cleared) when the loss
+        is not finite."""
         optimizer = self.parts.optimizer
         if not math.isfinite(loss):
             optimizer.zero_grad(set_to_none=True)
-            return False
+            return None
         clip = self.recipe.optim.grad_clip
+        grad_norm = 0.0
         if clip > 0:
             norm = self._grad_norm()
             params = [p for p in self.parts.owner.parameters() if p.grad is not None]
             torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
+            grad_norm = float(norm)
         lr = assembly.lr_at(step, self.recipe)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return True
+        return grad_norm
 
     def _one_step(self, step: int) -> tuple[StepStats, bool, bool]:
         self.injector.at_step_start(step)
@@ -309,7 +313,7 @@ class Trainer:
             local_loss = self._forward_backward(batch, step)
             self.injector.after_compute(step, self.clock() - compute_start)
             loss, want_ckpt, want_stop = self._agree(local_loss)
-            stepped = self._optimizer_step(step, loss)
+            grad_norm = self._optimizer_step(step, loss)
             handle.set_loss(loss)
         step_s = self.clock() - start
         tokens_per_s = self.recipe.tokens_per_step / step_s if step_s > 0 else 0.0
@@ -323,7 +327,8 @@ class Trainer:
             step_s=step_s,
             tokens_per_s=tokens_per_s,
             mfu=mfu,
-            skipped=not stepped,
+            grad_norm=grad_norm or 0.0,
+            skipped=grad_norm is None,
             attempt=self.ctx.restart_count,
             end_s=time.time(),
         )

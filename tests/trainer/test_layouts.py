@@ -61,5 +61,8 @@ def test_every_layout_matches_the_single_process_reference(tmp_path: Path) -> No
         want = ref_accum if case.name == "ddp_accum" else reference
         assert sorted(losses) == list(range(1, 11)), case.name
         assert losses[10] < losses[1] - 0.5, f"{case.name}: loss did not fall {losses}"
+        norms = results[case.name]["grad_norms"]
+        clip = case.recipe.optim.grad_clip
+        assert min(norms) > clip, f"{case.name}: clipping was not active on every step {norms}"  # type: ignore[call-overload]
         for step, value in losses.items():
             assert value == pytest.approx(want[step], abs=LOSS_ATOL), (case.name, step)

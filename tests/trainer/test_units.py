@@ -119,3 +119,24 @@ def test_recipe_shapes_and_flops() -> None:
     assert tiny.flops_per_token(32) == 6 * n + 12 * 2 * 4 * 16 * 32
     with pytest.raises(ValueError, match="tp=3 must divide"):
         recipes.named("tiny", parallel=recipes.ParallelConfig(tp=3))
+
+
+def test_bf16_autocast_trains_close_to_fp32() -> None:
+    fp32 = recipes.named("tiny", steps=4)
+    bf16 = fp32.replace(precision=recipes.Precision.BF16)
+    with loop.trainer_session(fp32, ctx=loop.RunContext()) as trainer:
+        want = trainer.train().losses
+    with loop.trainer_session(bf16, ctx=loop.RunContext()) as trainer:
+        got = trainer.train().losses
+    for step, value in want.items():
+        assert got[step] == pytest.approx(value, abs=0.05), step  # bf16 has ~3 digits
+    assert got != want  # it really ran in bf16
+
+
+def test_a_hang_before_the_collective_stops_the_rank_at_its_step() -> None:
+    slept: list[float] = []
+    injector = faults.Injector([faults.hang_at(1, 4, seconds=30.0)], rank=1, sleep=slept.append)
+    injector.at_step_start(3)
+    assert slept == []
+    injector.at_step_start(4)  # a bounded hang returns after its seconds; 0 means forever
+    assert slept == [30.0]
