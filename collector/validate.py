@@ -87,21 +87,26 @@ def check_batch(records: Sequence[schema.Record]) -> None:
 
 
 def _fast_ok(plan: _Plan, group: list[Any]) -> bool:
+    """One C-level pass per check over a whole group; False means "look record by record" (it
+    may be a false alarm, e.g. a huge but valid float)."""
     if plan.nested:
         return False
-    if plan.floats and not math.isfinite(
-        sum(chain.from_iterable(map(_getter(plan.floats), group)))
-    ):
-        return False
-    if plan.ints:
-        values = list(chain.from_iterable(map(_getter(plan.ints), group)))
-        if max(values) > INT64_MAX or min(values) < -INT64_MAX:
+    numbers = plan.floats + plan.ints
+    if numbers:
+        values = list(chain.from_iterable(map(_getter(numbers), group)))
+        # NaN and inf poison the sum; integers past 64 bits break the bounds.
+        if not math.isfinite(sum(values)) or max(values) > INT64_MAX or min(values) < -INT64_MAX:
             return False
-        if "rank" in plan.ints and max(r.rank for r in group) > MAX_RANK:
+        if "rank" in plan.ints and max(map(_RANK, group)) > MAX_RANK:
             return False
-    return not (
-        plan.strings and "\x00" in "".join(chain.from_iterable(map(_getter(plan.strings), group)))
-    )
+    if not plan.strings:
+        return True
+    if len(plan.strings) == 1:  # the common case (job_id): no per-record tuples
+        return "\x00" not in "".join(map(attrgetter(plan.strings[0]), group))
+    return "\x00" not in "".join(chain.from_iterable(map(_getter(plan.strings), group)))
+
+
+_RANK = attrgetter("rank")
 
 
 def _check_value(record_type: str, field: str, value: Any) -> None:
