@@ -16,15 +16,26 @@ from itertools import repeat
 from operator import itemgetter, sub
 from typing import Any
 
+import msgspec
 from sqlalchemy import select, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from vigil import schema
 from vigil.collector import dialects, tables
 
 METRICS = ("step_time", "comm_wait", "mfu")
 NAN = math.nan
-STEP_COLUMNS = [c.name for c in tables.step_records.columns]
+
+
+def struct_columns(cls: type[msgspec.Struct]) -> list[str]:
+    """Table column names of a wire struct's fields, in field order (`group` is a keyword)."""
+    return ["group_name" if f == "group" else f for f in cls.__struct_fields__]
+
+
+# Step rows are StepRecord field tuples (see writes.py): these are their positions.
+STEP_COLUMNS = struct_columns(schema.StepRecord)
+_JOB, _STEP, _RANK = (STEP_COLUMNS.index(c) for c in ("job_id", "step", "rank"))
 _START, _END = STEP_COLUMNS.index("start_s"), STEP_COLUMNS.index("end_s")
 _COMM_WAIT, _MFU = STEP_COLUMNS.index("comm_wait_s"), STEP_COLUMNS.index("mfu")
 _EMPTY = {m: b"" for m in METRICS}
@@ -59,8 +70,8 @@ def write(conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
     caller's transaction; a later row for the same cell wins."""
     if not rows:
         return
-    keys_of_rows = list(zip(map(itemgetter(0), rows), map(itemgetter(1), rows), strict=True))
-    ranks = list(map(itemgetter(2), rows))
+    keys_of_rows = list(zip(map(itemgetter(_JOB), rows), map(itemgetter(_STEP), rows), strict=True))
+    ranks = list(map(itemgetter(_RANK), rows))
     keys = sorted(set(keys_of_rows))
     t = tables.step_matrix
     locking = conn.dialect.name == dialects.POSTGRESQL
