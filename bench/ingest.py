@@ -252,7 +252,7 @@ def main() -> None:
     per_batch = args.ranks * args.batch_steps
     chunks = [records[i : i + per_batch] for i in range(0, len(records), per_batch)]
     frames = [(f"b{i}", codec.encode_batch(c, batch_id=f"b{i}")) for i, c in enumerate(chunks)]
-    raw_batches = [[writes._step_row(r) for r in c] for c in chunks]
+    raw_batches = [[writes.as_row(r) for r in c] for c in chunks]
     print(
         f"rows: {len(records):,} step records ({args.ranks} ranks x {args.steps} steps), batches "
         f"of {per_batch:,}; best ratio of {args.rounds} rounds; collector pinned to core {cores[0]}"

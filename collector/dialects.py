@@ -7,6 +7,7 @@ here takes an open SQLAlchemy connection inside the caller's transaction and nev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -31,10 +32,9 @@ def dedupe(table: Table, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
 def dedupe_tuples(
     table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
 ) -> list[tuple[Any, ...]]:
-    """Like `dedupe` for tuples whose first columns are the primary key."""
-    width = len(primary_key(table))
-    assert list(columns[:width]) == primary_key(table), "key columns must come first"
-    return list({row[:width]: row for row in rows}.values())
+    """Like `dedupe` for tuples laid out as `columns` (which must include the primary key)."""
+    key = itemgetter(*(list(columns).index(k) for k in primary_key(table)))
+    return list({key(row): row for row in rows}.values())
 
 
 def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
@@ -101,7 +101,7 @@ def bulk_write(
     upsert_rows: bool,
 ) -> None:
     """Write many tuples: executemany on SQLite, COPY on PostgreSQL. With `upsert_rows`, a row
-    whose key exists replaces it (columns must start with the primary key)."""
+    whose key exists replaces it."""
     if not rows:
         return
     if conn.dialect.name != POSTGRESQL:  # SQLite upserts row by row: a repeated key just wins

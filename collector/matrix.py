@@ -13,17 +13,29 @@ import sys
 from array import array
 from collections.abc import Sequence
 from itertools import repeat
+from operator import itemgetter, sub
 from typing import Any
 
+import msgspec
 from sqlalchemy import select, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from vigil import schema
 from vigil.collector import dialects, tables
 
 METRICS = ("step_time", "comm_wait", "mfu")
 NAN = math.nan
-STEP_COLUMNS = [c.name for c in tables.step_records.columns]
+
+
+def struct_columns(cls: type[msgspec.Struct]) -> list[str]:
+    """Table column names of a wire struct's fields, in field order (`group` is a keyword)."""
+    return ["group_name" if f == "group" else f for f in cls.__struct_fields__]
+
+
+# Step rows are StepRecord field tuples (see writes.py): these are their positions.
+STEP_COLUMNS = struct_columns(schema.StepRecord)
+_JOB, _STEP, _RANK = (STEP_COLUMNS.index(c) for c in ("job_id", "step", "rank"))
 _START, _END = STEP_COLUMNS.index("start_s"), STEP_COLUMNS.index("end_s")
 _COMM_WAIT, _MFU = STEP_COLUMNS.index("comm_wait_s"), STEP_COLUMNS.index("mfu")
 _EMPTY = {m: b"" for m in METRICS}
@@ -45,51 +57,22 @@ def unpack(blob: bytes) -> array[float]:
     return values
 
 
-def patch(blob: bytes | None, ranks: Sequence[int], values: Sequence[float]) -> bytes:
-    """Set `values[i]` at `ranks[i]` in a packed array, growing it with NaN (missing) as needed."""
+def widened(blob: bytes | None, width: int) -> array[float]:
+    """A packed array as an array of at least `width` cells, padded with NaN (missing)."""
     cells = unpack(blob) if blob else array("d")
-    top = max(ranks, default=-1) + 1
-    if top > len(cells):
-        cells.extend(repeat(NAN, top - len(cells)))
-    for rank, value in zip(ranks, values, strict=True):
-        cells[rank] = value
-    return pack(cells)
-
-
-class _Cells:
-    """The cells one batch sets in one (job, step): ranks and each metric's values."""
-
-    __slots__ = ("comm_wait", "mfu", "ranks", "step_time")
-
-    def __init__(self) -> None:
-        self.ranks: list[int] = []
-        self.step_time: list[float] = []
-        self.comm_wait: list[float] = []
-        self.mfu: list[float] = []
-
-
-def _cells(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], _Cells]:
-    """Group step rows (STEP_COLUMNS order) by (job, step)."""
-    grouped: dict[tuple[str, int], _Cells] = {}
-    for row in rows:
-        key = (row[0], row[1])
-        cells = grouped.get(key)
-        if cells is None:
-            cells = grouped[key] = _Cells()
-        cells.ranks.append(row[2])
-        cells.step_time.append(row[_END] - row[_START])
-        cells.comm_wait.append(row[_COMM_WAIT])
-        cells.mfu.append(row[_MFU])
-    return grouped
+    if width > len(cells):
+        cells.extend(repeat(NAN, width - len(cells)))
+    return cells
 
 
 def write(conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
     """Patch the matrices of every (job, step) in step `rows` (STEP_COLUMNS order) inside the
-    caller's transaction; later rows of one cell win."""
+    caller's transaction; a later row for the same cell wins."""
     if not rows:
         return
-    grouped = _cells(rows)
-    keys = sorted(grouped)
+    keys_of_rows = list(zip(map(itemgetter(_JOB), rows), map(itemgetter(_STEP), rows), strict=True))
+    ranks = list(map(itemgetter(_RANK), rows))
+    keys = sorted(set(keys_of_rows))
     t = tables.step_matrix
     locking = conn.dialect.name == dialects.POSTGRESQL
     if locking:
@@ -103,19 +86,25 @@ def write(conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
                 .on_conflict_do_nothing()
             )
     current = _read(conn, keys, lock=locking)
-    patched = []
-    for key in keys:
-        cells = grouped[key]
-        blobs = current.get(key, (b"", b"", b""))
-        patched.append(
-            {
-                "job_id": key[0],
-                "step": key[1],
-                "step_time": patch(blobs[0], cells.ranks, cells.step_time),
-                "comm_wait": patch(blobs[1], cells.ranks, cells.comm_wait),
-                "mfu": patch(blobs[2], cells.ranks, cells.mfu),
-            }
-        )
+    width = max(ranks) + 1
+    arrays = {
+        key: tuple(widened(blob, width) for blob in current.get(key, (b"", b"", b"")))
+        for key in keys
+    }
+    step_time = map(sub, map(itemgetter(_END), rows), map(itemgetter(_START), rows))
+    comm_wait = map(itemgetter(_COMM_WAIT), rows)
+    mfu = map(itemgetter(_MFU), rows)
+    for key, rank, *values in zip(keys_of_rows, ranks, step_time, comm_wait, mfu, strict=True):
+        cells = arrays[key]
+        cells[0][rank], cells[1][rank], cells[2][rank] = values
+    patched = [
+        {
+            "job_id": key[0],
+            "step": key[1],
+            **{m: pack(a) for m, a in zip(METRICS, arrays[key], strict=True)},
+        }
+        for key in keys
+    ]
     dialects.upsert(conn, t, patched)
 
 

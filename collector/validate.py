@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -29,21 +29,15 @@ MAX_RANK = 2**18 - 1
 _NONFINITE_ALLOWED = {("StepRecord", "loss")}
 
 
-def _getter(fields: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
-    if len(fields) == 1:
-        name = fields[0]
-        return lambda r: (getattr(r, name),)
-    return attrgetter(*fields)
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Plan:
-    """Which fields of one record type get which fast check."""
+    """Which field positions of one record type get which fast check."""
 
-    floats: tuple[str, ...]
-    ints: tuple[str, ...]
-    strings: tuple[str, ...]
-    nested: bool
+    floats: tuple[int, ...]  # NaN and inf poison a sum
+    ints: tuple[int, ...]  # must fit in 64 bits
+    strings: tuple[int, ...]
+    rank: int | None
+    nested: bool  # optional, list or struct fields: checked record by record
 
     def __post_init__(self) -> None:
         if not (self.floats or self.ints or self.strings or self.nested):
@@ -55,22 +49,34 @@ def _plan(cls: type[msgspec.Struct]) -> _Plan:
     assert isinstance(info, mi.StructType)
     floats, ints, strings = [], [], []
     nested = False
-    for f in info.fields:
+    for i, f in enumerate(info.fields):
         kind = f.type
-        if isinstance(kind, mi.FloatType) and (cls.__name__, f.name) not in _NONFINITE_ALLOWED:
-            floats.append(f.name)
-        elif isinstance(kind, mi.IntType):
-            ints.append(f.name)
-        elif isinstance(kind, mi.StrType):
-            strings.append(f.name)
-        elif isinstance(kind, mi.EnumType | mi.BoolType):
+        if (cls.__name__, f.name) in _NONFINITE_ALLOWED or isinstance(
+            kind, mi.EnumType | mi.BoolType
+        ):
             continue
-        elif (cls.__name__, f.name) not in _NONFINITE_ALLOWED:
-            nested = True  # optional, list or struct fields: checked record by record
-    return _Plan(floats=tuple(floats), ints=tuple(ints), strings=tuple(strings), nested=nested)
+        if isinstance(kind, mi.FloatType):
+            floats.append(i)
+        elif isinstance(kind, mi.IntType):
+            ints.append(i)
+        elif isinstance(kind, mi.StrType):
+            strings.append(i)
+        else:
+            nested = True
+    rank = cls.__struct_fields__.index("rank") if "rank" in cls.__struct_fields__ else None
+    return _Plan(
+        floats=tuple(floats), ints=tuple(ints), strings=tuple(strings), rank=rank, nested=nested
+    )
 
 
 _PLANS = {cls: _plan(cls) for cls in schema.RECORD_TYPES}
+
+
+def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable[Any]:
+    """Every value at `positions` of every row, flattened (C-level iteration)."""
+    if len(positions) == 1:
+        return map(itemgetter(positions[0]), rows)
+    return chain.from_iterable(map(itemgetter(*positions), rows))
 
 
 def check_batch(records: Sequence[schema.Record]) -> None:
@@ -87,21 +93,20 @@ def check_batch(records: Sequence[schema.Record]) -> None:
 
 
 def _fast_ok(plan: _Plan, group: list[Any]) -> bool:
+    """A few C-level passes over a whole group; False means "look record by record" (it may be a
+    false alarm, e.g. a huge but valid float)."""
     if plan.nested:
         return False
-    if plan.floats and not math.isfinite(
-        sum(chain.from_iterable(map(_getter(plan.floats), group)))
-    ):
+    rows = list(map(msgspec.structs.astuple, group))
+    if plan.floats and not math.isfinite(sum(_column(rows, plan.floats))):
         return False
     if plan.ints:
-        values = list(chain.from_iterable(map(_getter(plan.ints), group)))
+        values = list(_column(rows, plan.ints))
         if max(values) > INT64_MAX or min(values) < -INT64_MAX:
             return False
-        if "rank" in plan.ints and max(r.rank for r in group) > MAX_RANK:
-            return False
-    return not (
-        plan.strings and "\x00" in "".join(chain.from_iterable(map(_getter(plan.strings), group)))
-    )
+    if plan.rank is not None and max(map(itemgetter(plan.rank), rows)) > MAX_RANK:
+        return False
+    return not plan.strings or "\x00" not in "".join(_column(rows, plan.strings))
 
 
 def _check_value(record_type: str, field: str, value: Any) -> None:

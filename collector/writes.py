@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -19,15 +18,21 @@ from sqlalchemy.engine import Connection
 from vigil import schema
 from vigil.collector import dialects, matrix, tables
 
+# Bulk rows are the records' own field tuples (msgspec.structs.astuple: 3x cheaper than reading
+# attributes by name), so column lists follow the wire field order. A new wire field needs a
+# migration adding its column (tests/collector/test_store.py checks the two agree).
+as_row = msgspec.structs.astuple
 STEP_COLUMNS = matrix.STEP_COLUMNS
-_step_row = attrgetter(*STEP_COLUMNS)
-AGG_COLUMNS = [c.name for c in tables.coll_aggs.columns]
-_agg_row = attrgetter(*(("group" if c == "group_name" else c) for c in AGG_COLUMNS))
-EVENT_COLUMNS = [c.name for c in tables.coll_events.columns]
-_event_row = attrgetter(*(("group" if c == "group_name" else c) for c in EVENT_COLUMNS[:-1]))
+AGG_COLUMNS = matrix.struct_columns(schema.CollectiveAggregate)
+EVENT_COLUMNS = [*matrix.struct_columns(schema.CollectiveEvent), "received_s"]
+SAMPLE_COLUMNS = [*matrix.struct_columns(schema.Sample), "received_s"]
 HEARTBEAT_COLUMNS = [c.name for c in tables.heartbeats.columns if c.name != "id"]
-SAMPLE_COLUMNS = [c.name for c in tables.samples.columns if c.name != "id"]
-_sample_row = attrgetter(*SAMPLE_COLUMNS[:-1])
+BULK_TABLES = {
+    tables.step_records.name: STEP_COLUMNS,
+    tables.coll_aggs.name: AGG_COLUMNS,
+    tables.coll_events.name: EVENT_COLUMNS,
+    tables.samples.name: SAMPLE_COLUMNS,
+}
 
 
 def write_records(
@@ -44,18 +49,18 @@ def write_records(
 
 
 def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
-    rows = list(map(_step_row, records))
+    rows = list(map(as_row, records))
     dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, rows, upsert_rows=True)
     matrix.write(conn, rows)
 
 
 def _aggs(conn: Connection, records: list[schema.CollectiveAggregate], received_s: float) -> None:
-    rows = [_agg_row(r) for r in records]
+    rows = list(map(as_row, records))
     dialects.bulk_write(conn, tables.coll_aggs, AGG_COLUMNS, rows, upsert_rows=True)
 
 
 def _events(conn: Connection, records: list[schema.CollectiveEvent], received_s: float) -> None:
-    rows = [(*_event_row(r), received_s) for r in records]
+    rows = [(*as_row(r), received_s) for r in records]
     dialects.bulk_write(conn, tables.coll_events, EVENT_COLUMNS, rows, upsert_rows=True)
 
 
@@ -78,7 +83,7 @@ def _heartbeats(conn: Connection, records: list[schema.Heartbeat], received_s: f
 
 
 def _samples(conn: Connection, records: list[schema.Sample], received_s: float) -> None:
-    rows = [(*_sample_row(r), received_s) for r in records]
+    rows = [(*as_row(r), received_s) for r in records]
     dialects.bulk_write(conn, tables.samples, SAMPLE_COLUMNS, rows, upsert_rows=False)
 
 

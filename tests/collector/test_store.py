@@ -375,3 +375,10 @@ def test_a_key_repeated_within_one_batch_keeps_the_last_record(store: Store) -> 
         )
     assert [(r["rank"], r["end_s"] - r["start_s"]) for r in rows] == [(0, 3.0), (1, 0.5)]
     assert h["values"] == [[3.0, 0.5]]
+
+
+def test_bulk_rows_cover_exactly_their_tables_columns() -> None:
+    """Bulk rows are wire-field tuples: a wire field without a column needs a migration."""
+    for name, columns in writes.BULK_TABLES.items():
+        table_columns = {c.name for c in tables.metadata.tables[name].columns} - {"id"}
+        assert sorted(columns) == sorted(table_columns), name
