@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -113,7 +114,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     from vigil.recovery import demo
 
-    console = Console()
+    # Wide enough for the verdict table even when output is piped (rich assumes 80 columns then).
+    console = Console(width=max(shutil.get_terminal_size().columns, 120))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vigil-demo-"))
     console.print(f"vigil demo: working in {workdir} (collector, agent, controller, 4 ranks)")
     started = time.monotonic()
