@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,11 +22,14 @@ from pathlib import Path
 
 import psutil
 
+from vigil.agent import stacks as stacks_mod
 from vigil.recovery import snapshot_files
 from vigil.recovery.executor import RankExit
 from vigil.recovery.placement import Placement
 
 log = logging.getLogger(__name__)
+# py-spy attaches and walks every thread in well under a second; 20 s covers a loaded node.
+PY_SPY_TIMEOUT_S = 20.0
 
 # Runs the rank's command and leaves "<exit code> <unix time>" in $VIGIL_EXIT_FILE, so a restarted
 # controller that cannot wait() on its predecessor's children still learns how and when they ended.
@@ -214,7 +215,9 @@ class LocalExecutor:
                 children = psutil.Process(pids[rank]).children(recursive=True)
             except psutil.NoSuchProcess:
                 continue
-            stacks[rank] = _py_spy_dump(children[0].pid if children else pids[rank])
+            pid = children[0].pid if children else pids[rank]
+            text = stacks_mod.dump_with_py_spy(pid, timeout_s=PY_SPY_TIMEOUT_S)
+            stacks[rank] = text if text is not None else "py-spy could not read this rank's stacks"
         return stacks
 
     def cordon(self, node: str) -> None:
@@ -244,19 +247,3 @@ def _group_alive(pgid: int) -> bool:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _py_spy_dump(pid: int, timeout_s: float = 20.0) -> str:
-    """`py-spy dump` of one process; the error text when py-spy cannot read it."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        done = subprocess.run(
-            [py_spy, "dump", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"py-spy unavailable: {exc}"
-    return done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
