@@ -109,6 +109,8 @@ class CollectiveRecorder:
         self._aggs: dict[tuple[str, str], _Agg] = {}
         self._baselines: dict[tuple[str, str, int], collections.deque[float]] = {}
         self._names: dict[int, str] = {}
+        # (id(group), peer) -> "<group>:p2p:<low>-<high>" (this rank's id is read once per pair)
+        self._p2p_names: dict[tuple[int, int], str] = {}
         self._index = 0
         self._cuda_pending: list[tuple[_Pending, Any]] = []
         self.blocked_s = 0.0  # training-thread time blocked in sync ops and Work.wait this step
@@ -136,37 +138,32 @@ class CollectiveRecorder:
     ) -> _Pending:
         """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers)."""
         now = self._clock()
-        name = self.group_name(group)
+        name = self._names.get(id(group))
+        if name is None:
+            name = self.group_name(group)
         if peer is not None:
-            me = dist.get_rank()
-            low, high = sorted((me, peer))
-            name = f"{name}:p2p:{low}-{high}"
+            key = (id(group), peer)
+            p2p = self._p2p_names.get(key)
+            if p2p is None:
+                low, high = sorted((dist.get_rank(), peer))
+                p2p = self._p2p_names[key] = f"{name}:p2p:{low}-{high}"
+            name = p2p
         nbytes, dtype, cuda = _size(tensors)
         nbytes *= scale_bytes
         with self._lock:
-            self._seqs[name] += 1
-            seq = self._seqs[name]
+            seqs = self._seqs
+            seq = seqs[name] = seqs[name] + 1
             index = self._index
-            self._index += 1
-        pending = _Pending(index, name, op, seq, nbytes, now, self._step_of())
+            self._index = index + 1
+        step = self._step_of()
+        pending = _Pending(index, name, op, seq, nbytes, now, step)
         if cuda:
             pending.cuda_start = _cuda_event()
         page = self._page
         if page is not None:
-            wall = now + self._wall
-            page.write_event(
-                index,
-                seq=seq,
-                step=pending.step,
-                nbytes=nbytes,
-                enqueue_s=wall,
-                start_s=wall,
-                end_s=0.0,
-                group=name,
-                op=op,
-                dtype=dtype,
+            page.begin_event(
+                index, seq, step, nbytes, now + self._wall, name, op, dtype, blocking, now
             )
-            page.collective(name, seq, op, entering=blocking, now_mono=now, now_wall=wall)
         return pending
 
     def finish(self, pending: _Pending, *, sync: bool) -> None:
@@ -182,37 +179,37 @@ class CollectiveRecorder:
                 self.blocked_s += now - pending.start
                 page = self._page
                 if page is not None:
-                    page.collective(
-                        pending.group,
-                        pending.seq,
-                        pending.op,
-                        entering=False,
-                        now_mono=now,
-                        now_wall=now + self._wall,
+                    page.leave_collective(
+                        pending.group, pending.seq, pending.op, now, now + self._wall
                     )
         except Exception as exc:  # fail-open: never raise into training or a comm thread
             self._on_error(exc)
 
     def _complete(self, pending: _Pending, duration: float, end: float) -> None:
-        key = (pending.group, pending.op, pending.nbytes)
+        group, op, nbytes, seq = pending.group, pending.op, pending.nbytes, pending.seq
+        key = (group, op, nbytes)
         with self._lock:
             window = self._baselines.get(key)
             if window is None:
                 window = self._baselines[key] = collections.deque(maxlen=_BASELINE_WINDOW)
             window.append(duration)
-            wait = max(0.0, duration - min(window))
-            agg = self._aggs.get((pending.group, pending.op))
+            wait = duration - min(window)
+            agg = self._aggs.get((group, op))
             if agg is None:
-                agg = self._aggs[(pending.group, pending.op)] = _Agg()
+                agg = self._aggs[(group, op)] = _Agg()
             agg.count += 1
-            agg.nbytes += pending.nbytes
+            agg.nbytes += nbytes
             agg.total_s += duration
-            agg.max_s = max(agg.max_s, duration)
-            agg.wait_s += wait
-            agg.last_seq = max(agg.last_seq, pending.seq)
+            if duration > agg.max_s:
+                agg.max_s = duration
+            if wait > 0.0:
+                agg.wait_s += wait
+            if seq > agg.last_seq:
+                agg.last_seq = seq
             self.collective_s += duration
-        if self._page is not None:
-            self._page.finish_event(pending.index, end + self._wall)
+        page = self._page
+        if page is not None:
+            page.finish_event(pending.index, end + self._wall)
 
     def wait_blocked(self, seconds: float) -> None:
         if threading.get_ident() == self.training_thread:
@@ -275,16 +272,30 @@ def _describe_group(group: Any) -> str:
     return f"pg:{ident}"[:32]
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)[6:]
+    return name
+
+
 def _size(tensors: Any) -> tuple[int, str, bool]:
     if tensors is None:
         return 0, "", False
     if isinstance(tensors, torch.Tensor):
-        return tensors.numel() * tensors.element_size(), str(tensors.dtype)[6:], tensors.is_cuda
+        return (
+            tensors.numel() * tensors.element_size(),
+            _dtype_name(tensors.dtype),
+            tensors.is_cuda,
+        )
     total, dtype, cuda = 0, "", False
     for t in tensors:
         if isinstance(t, torch.Tensor):
             total += t.numel() * t.element_size()
-            dtype, cuda = str(t.dtype)[6:], t.is_cuda
+            dtype, cuda = _dtype_name(t.dtype), t.is_cuda
     return total, dtype, cuda
 
 
@@ -326,14 +337,16 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     t_pos, g_pos = _position(fn, tensor_name), _position(fn, group_name)
     p_pos, a_pos = _position(fn, peer_name), _position(fn, "async_op")
 
+    always_async = op in _ALWAYS_ASYNC
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         recorder = _active
         if recorder is None or getattr(_state, "depth", False):
             return fn(*args, **kwargs)
         try:
-            peer = _arg(args, kwargs, p_pos, peer_name)
-            is_async = op in _ALWAYS_ASYNC or bool(_arg(args, kwargs, a_pos, "async_op"))
+            peer = _arg(args, kwargs, p_pos, peer_name) if peer_name is not None else None
+            is_async = always_async or bool(_arg(args, kwargs, a_pos, "async_op"))
             pending = recorder.begin(
                 op,
                 _arg(args, kwargs, g_pos, group_name),
@@ -425,11 +438,18 @@ def uninstall() -> None:
     _work_pending.clear()
 
 
+_default_hooks: Any = None  # torch's ddp_comm_hooks.default_hooks, imported on first use
+
+
 def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     """DDP's default all-reduce, issued through the wrapped `dist.all_reduce` so it is timed."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    global _default_hooks
+    hooks = _default_hooks
+    if hooks is None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    return default_hooks.allreduce_hook(process_group, bucket)
+        hooks = _default_hooks = default_hooks
+    return hooks.allreduce_hook(process_group, bucket)
 
 
 # DDP checks the hook's annotations at registration; with postponed evaluation they are strings.

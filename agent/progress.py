@@ -44,6 +44,7 @@ _CONTROL = struct.Struct("<Q16s")
 _ACK = struct.Struct("<Q")
 _SLOT = struct.Struct("<QqQddd32s24s16s")
 _SEQ = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
 
 _OFF_META = 0
 _OFF_LIVE = 256
@@ -60,6 +61,16 @@ _READ_DEADLINE_S = 1.0
 
 STATE_CODES: dict[schema.RankState, int] = {s: i for i, s in enumerate(schema.RankState)}
 CODE_STATES: dict[int, schema.RankState] = {i: s for s, i in STATE_CODES.items()}
+# Enum members hash through a Python-level __hash__; the hot paths look members up by identity.
+_CODES_BY_ID: dict[int, int] = {id(s): i for s, i in STATE_CODES.items()}
+_IN_COLLECTIVE = STATE_CODES[schema.RankState.IN_COLLECTIVE]
+_COMPUTE = STATE_CODES[schema.RankState.COMPUTE]
+
+
+def _state_code(state: schema.RankState) -> int:
+    code = _CODES_BY_ID.get(id(state))
+    return STATE_CODES[state] if code is None else code
+
 
 assert _OFF_LIVE + 8 + _LIVE.size <= _OFF_STEP
 assert _OFF_STEP + 8 + _STEP.size <= _OFF_HEALTH
@@ -165,7 +176,8 @@ class PageWriter:
             _enc(job, 128),
             _enc(node, 64),
         )
-        self._seq = {_OFF_LIVE: 0, _OFF_STEP: 0, _OFF_HEALTH: 0}
+        self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0}
+        self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
         self._live: list[object] = [starting, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
         self._write_live()
@@ -179,14 +191,19 @@ class PageWriter:
         _SEQ.pack_into(self._map, offset, seq + 1)
 
     def _write_live(self) -> None:
-        self._guarded(_OFF_LIVE, _LIVE, *self._live)
+        seq = self._live_seq + 1
+        buf = self._map
+        _SEQ.pack_into(buf, _OFF_LIVE, seq)
+        _LIVE.pack_into(buf, _OFF_LIVE + 8, *self._live)
+        self._live_seq = seq + 1
+        _SEQ.pack_into(buf, _OFF_LIVE, seq + 1)
 
     def progress(
         self, state: schema.RankState, *, now_mono: float, now_wall: float, step: int | None = None
     ) -> None:
         """Mark progress: a new state (and step) at this instant."""
         live = self._live
-        live[0] = STATE_CODES[state]
+        live[0] = _state_code(state)
         if step is not None:
             live[1] = step
             live[4] = now_mono
@@ -198,12 +215,56 @@ class PageWriter:
     ) -> None:
         """Mark entering (or leaving) collective `seq` of `group`."""
         live = self._live
-        live[0] = STATE_CODES[
-            schema.RankState.IN_COLLECTIVE if entering else schema.RankState.COMPUTE
-        ]
+        live[0] = _IN_COLLECTIVE if entering else _COMPUTE
         live[2], live[3] = now_mono, now_wall
         live[5], live[6], live[7] = seq, _enc(group, 32), _enc(op, 24)
         self._write_live()
+
+    def leave_collective(
+        self, group: str, seq: int, op: str, now_mono: float, now_wall: float
+    ) -> None:
+        """`collective(..., entering=False)` with positional arguments (the recorder's hot path)."""
+        live = self._live
+        live[0] = _COMPUTE
+        live[2], live[3] = now_mono, now_wall
+        live[5], live[6], live[7] = seq, _enc(group, 32), _enc(op, 24)
+        self._write_live()
+
+    def begin_event(
+        self,
+        index: int,
+        seq: int,
+        step: int,
+        nbytes: int,
+        wall: float,
+        group: str,
+        op: str,
+        dtype: str,
+        entering: bool,
+        now_mono: float,
+    ) -> None:
+        """`write_event(index, ..., enqueue_s=start_s=wall, end_s=0)` then `collective(group, seq,
+        op, entering=entering, now_mono=now_mono, now_wall=wall)`, in one call (the hot path)."""
+        buf = self._map
+        capacity = self.capacity
+        offset = _OFF_RING + (index % capacity) * SLOT_SIZE
+        version = (index // capacity) * 2 + 1
+        group_b, op_b = _enc(group, 32), _enc(op, 24)
+        _SEQ.pack_into(buf, offset, version)
+        _SLOT.pack_into(
+            buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, _enc(dtype, 16)
+        )
+        _SEQ.pack_into(buf, offset, version + 1)
+        live = self._live
+        live[8] = index + 1
+        live[0] = _IN_COLLECTIVE if entering else _COMPUTE
+        live[2], live[3] = now_mono, wall
+        live[5], live[6], live[7] = seq, group_b, op_b
+        seq_l = self._live_seq + 1
+        _SEQ.pack_into(buf, _OFF_LIVE, seq_l)
+        _LIVE.pack_into(buf, _OFF_LIVE + 8, *live)
+        self._live_seq = seq_l + 1
+        _SEQ.pack_into(buf, _OFF_LIVE, seq_l + 1)
 
     def write_event(
         self,
@@ -246,7 +307,7 @@ class PageWriter:
         offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
         version = (index // self.capacity) * 2 + 2
         if _SEQ.unpack_from(self._map, offset)[0] == version:
-            struct.pack_into("<d", self._map, offset + 8 + 40, end_s)
+            _F64.pack_into(self._map, offset + 8 + 40, end_s)
 
     def step_done(self, summary: StepSummary) -> None:
         self._guarded(

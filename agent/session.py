@@ -454,7 +454,8 @@ class Session:
 
 def _cuda_peak_memory() -> int:
     """The allocator's peak on CUDA (cheap: a counter read); 0 without CUDA."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    # is_initialized() first: it is a flag read, is_available() may query the driver.
+    if torch.cuda.is_initialized() and torch.cuda.is_available():  # type: ignore[no-untyped-call]
         return int(torch.cuda.max_memory_allocated())
     return 0
 
