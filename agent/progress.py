@@ -338,6 +338,10 @@ class PageWriter:
         seq, kind = _CONTROL.unpack_from(self._map, _OFF_CONTROL)
         return int(seq), _text(kind)
 
+    def control_seq(self) -> int:
+        """The latest control request's seq alone (cheaper than `control()`)."""
+        return int(_ACK.unpack_from(self._map, _OFF_CONTROL)[0])
+
     def ack(self, seq: int) -> None:
         _ACK.pack_into(self._map, _OFF_ACK, seq)
 

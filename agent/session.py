@@ -35,6 +35,7 @@ SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHE
 _SPAN_FIELDS = ("data", "forward", "backward", "optimizer")
 # Step times remembered to learn the hang threshold.
 _HISTORY = 32
+_NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
 
 
 class StepHandle:
@@ -279,7 +280,7 @@ class Session:
             tokens=max(0, handle.tokens),
             model_flops=flops,
             mfu=util,
-            loss=handle.loss if isinstance(handle.loss, float | int) else None,
+            loss=handle.loss if isinstance(handle.loss, _NUMBER) else None,
             peak_memory_bytes=_cuda_peak_memory() or self._peak_memory_bytes,
         )
         if isinstance(handle.loss, torch.Tensor) or self._pending_losses:
@@ -299,7 +300,7 @@ class Session:
                 collective_s=collective_s,
                 end_wall_s=end + self._wall_offset,
                 tokens=handle.tokens,
-                loss=float(handle.loss) if isinstance(handle.loss, float | int) else math.nan,
+                loss=float(handle.loss) if isinstance(handle.loss, _NUMBER) else math.nan,
             )
         )
         self._publish(schema.RankState.COMPUTE)
@@ -327,7 +328,10 @@ class Session:
         self._requests.append(kind)
 
     def _run_control(self) -> None:
-        seq, kind = self.page.control()
+        if self.page.control_seq() == self._control_seq:  # the common case: nothing new
+            seq, kind = self._control_seq, ""
+        else:
+            seq, kind = self.page.control()
         if seq != self._control_seq:
             self._control_seq = seq
             self.page.ack(seq)
