@@ -13,10 +13,12 @@ import sys
 from array import array
 from collections.abc import Sequence
 from itertools import repeat
-from operator import itemgetter, sub
+from operator import itemgetter
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import select, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
@@ -39,6 +41,7 @@ _JOB, _STEP, _RANK = (STEP_COLUMNS.index(c) for c in ("job_id", "step", "rank"))
 _START, _END = STEP_COLUMNS.index("start_s"), STEP_COLUMNS.index("end_s")
 _COMM_WAIT, _MFU = STEP_COLUMNS.index("comm_wait_s"), STEP_COLUMNS.index("mfu")
 _EMPTY = {m: b"" for m in METRICS}
+_NO_BLOBS = (b"", b"", b"")
 
 
 def pack(values: array[float]) -> bytes:
@@ -86,24 +89,44 @@ def write(conn: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
                 .on_conflict_do_nothing()
             )
     current = _read(conn, keys, lock=locking)
-    width = max(ranks) + 1
-    arrays = {
-        key: tuple(widened(blob, width) for blob in current.get(key, (b"", b"", b"")))
-        for key in keys
-    }
-    step_time = map(sub, map(itemgetter(_END), rows), map(itemgetter(_START), rows))
-    comm_wait = map(itemgetter(_COMM_WAIT), rows)
-    mfu = map(itemgetter(_MFU), rows)
-    for key, rank, *values in zip(keys_of_rows, ranks, step_time, comm_wait, mfu, strict=True):
-        cells = arrays[key]
-        cells[0][rank], cells[1][rank], cells[2][rank] = values
+    n = len(rows)
+    index = {key: i for i, key in enumerate(keys)}
+    key_ids = np.fromiter(map(index.__getitem__, keys_of_rows), dtype=np.intp, count=n)
+    rank_ids = np.fromiter(ranks, dtype=np.intp, count=n)
+    # Each (job, step) keeps at least its stored width; `width` covers this batch's ranks.
+    widths = [
+        max(len(current.get(key, _NO_BLOBS)[0]) // 8, int(rank_ids.max()) + 1) for key in keys
+    ]
+    width = max(widths)
+    grid = np.full((len(METRICS), len(keys), width), NAN, dtype="<f8")
+    for i, key in enumerate(keys):
+        for m, blob in enumerate(current.get(key, _NO_BLOBS)):
+            if blob:
+                grid[m, i, : len(blob) // 8] = np.frombuffer(blob, dtype="<f8")
+    # A later row for the same cell wins: keep each cell's last occurrence only.
+    cells = key_ids * width + rank_ids
+    _, last_reversed = np.unique(cells[::-1], return_index=True)
+    keep = n - 1 - last_reversed
+    cells = cells[keep]
+
+    def column(position: int) -> npt.NDArray[np.float64]:
+        values: npt.NDArray[np.float64] = np.fromiter(
+            map(itemgetter(position), rows), dtype=np.float64, count=n
+        )
+        picked: npt.NDArray[np.float64] = values[keep]
+        return picked
+
+    flat = grid.reshape(len(METRICS), -1)
+    flat[0, cells] = column(_END) - column(_START)
+    flat[1, cells] = column(_COMM_WAIT)
+    flat[2, cells] = column(_MFU)
     patched = [
         {
             "job_id": key[0],
             "step": key[1],
-            **{m: pack(a) for m, a in zip(METRICS, arrays[key], strict=True)},
+            **{m: grid[j, i, : widths[i]].tobytes() for j, m in enumerate(METRICS)},
         }
-        for key in keys
+        for i, key in enumerate(keys)
     ]
     dialects.upsert(conn, t, patched)
 

@@ -40,14 +40,13 @@ def _error(
     return response
 
 
-def _decode(ctx: CollectorContext, body: bytes) -> schema.Batch:
+def _decode(ctx: CollectorContext, body: bytes) -> tuple[schema.Batch, validate.Checked]:
     batch = codec.decode_batch(
         body,
         max_bytes=ctx.settings.max_batch_bytes,
         max_records=ctx.settings.max_batch_records,
     )
-    validate.check_batch(batch.records)
-    return batch
+    return batch, validate.check_batch(batch.records)
 
 
 def router(ctx: CollectorContext) -> APIRouter:
@@ -103,7 +102,7 @@ def router(ctx: CollectorContext) -> APIRouter:
 def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Response:
     started = time.perf_counter()
     try:
-        batch = _decode(ctx, body)
+        batch, checked = _decode(ctx, body)
     except codec.DecodeError as exc:
         too_large = "limit" in exc.problem and exc.field in ("<frame>", "records")
         return _error(
@@ -118,7 +117,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
             f"frame's {batch.batch_id!r}",
         )
     try:
-        result = ctx.store.ingest(batch)
+        result = ctx.store.ingest(batch, checked)
     except (DataError, IntegrityError) as exc:  # a value validate.py let through: 4xx, logged
         log.exception("store refused batch %s", batch.batch_id)
         detail = f"Batch.<store>: the store refused a value in this batch ({type(exc).__name__})"

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from vigil import schema
-from vigil.collector import dialects, migrate, tables, writes
+from vigil.collector import dialects, migrate, tables, validate, writes
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,9 @@ class Store:
                 select(tables.batches.c.num_records).where(tables.batches.c.batch_id == batch_id)
             ).scalar_one_or_none()
 
-    def ingest(self, batch: schema.Batch) -> IngestResult:
-        """Store a decoded batch exactly once; a batch id seen before is a no-op duplicate."""
+    def ingest(self, batch: schema.Batch, checked: validate.Checked | None = None) -> IngestResult:
+        """Store a decoded batch exactly once; a batch id seen before is a no-op duplicate.
+        `checked` is `validate.check_batch(batch.records)`, reused rather than rebuilt."""
         received_s = self.clock()
         with self.write() as conn:
             fresh = dialects.insert_ignore(
@@ -117,7 +118,9 @@ class Store:
                 },
             )
             counts = (
-                writes.write_records(conn, batch.records, received_s=received_s) if fresh else {}
+                writes.write_records(conn, batch.records, received_s=received_s, checked=checked)
+                if fresh
+                else {}
             )
         if not fresh:
             return IngestResult(

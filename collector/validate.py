@@ -70,6 +70,7 @@ def _plan(cls: type[msgspec.Struct]) -> _Plan:
 
 
 _PLANS = {cls: _plan(cls) for cls in schema.RECORD_TYPES}
+_astuple = msgspec.structs.astuple
 
 
 def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable[Any]:
@@ -79,25 +80,46 @@ def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable
     return chain.from_iterable(map(itemgetter(*positions), rows))
 
 
-def check_batch(records: Sequence[schema.Record]) -> None:
-    """Raise DecodeError for the first record the store could not hold faithfully."""
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    """A checked batch's records grouped by type (in record order), and the field tuples
+    (`msgspec.structs.astuple`) built while checking, so the store need not build them again."""
+
+    groups: dict[type, list[Any]]
+    rows: dict[type, list[tuple[Any, ...]]]
+
+
+def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
+    """Records by type, each group in record order (one C-level pass when all share a type)."""
+    types = set(map(type, records))
+    if len(types) == 1:
+        return {types.pop(): list(records)}
     by_type: dict[type, list[Any]] = defaultdict(list)
     for record in records:
         by_type[type(record)].append(record)
-    for cls, group in by_type.items():
-        if not _fast_ok(_PLANS[cls], group):
-            # Nested fields, or a fast check that may be a false alarm (a sum overflowing to inf):
-            # look at each record and name the first bad field.
-            for record in group:
-                _check_value(cls.__name__, "", msgspec.structs.asdict(record))
+    return dict(by_type)
 
 
-def _fast_ok(plan: _Plan, group: list[Any]) -> bool:
-    """A few C-level passes over a whole group; False means "look record by record" (it may be a
-    false alarm, e.g. a huge but valid float)."""
-    if plan.nested:
-        return False
-    rows = list(map(msgspec.structs.astuple, group))
+def check_batch(records: Sequence[schema.Record]) -> Checked:
+    """Raise DecodeError for the first record the store could not hold faithfully."""
+    groups = group_records(records)
+    rows: dict[type, list[tuple[Any, ...]]] = {}
+    for cls, group in groups.items():
+        plan = _PLANS[cls]
+        if not plan.nested:
+            rows[cls] = tuples = list(map(_astuple, group))
+            if _fast_ok(plan, tuples):
+                continue
+        # Nested fields, or a fast check that may be a false alarm (a sum overflowing to inf):
+        # look at each record and name the first bad field.
+        for record in group:
+            _check_value(cls.__name__, "", msgspec.structs.asdict(record))
+    return Checked(groups=groups, rows=rows)
+
+
+def _fast_ok(plan: _Plan, rows: list[tuple[Any, ...]]) -> bool:
+    """A few C-level passes over a whole group's field tuples; False means "look record by
+    record" (it may be a false alarm, e.g. a huge but valid float)."""
     if plan.floats and not math.isfinite(sum(_column(rows, plan.floats))):
         return False
     if plan.ints:

@@ -7,7 +7,6 @@ by their ids with SQLAlchemy Core. Must not commit, decode or call the analyzer.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 
 from vigil import schema
-from vigil.collector import dialects, matrix, tables
+from vigil.collector import dialects, matrix, tables, validate
 
 # Bulk rows are the records' own field tuples (msgspec.structs.astuple: 3x cheaper than reading
 # attributes by name), so column lists follow the wire field order. A new wire field needs a
@@ -36,36 +35,59 @@ BULK_TABLES = {
 
 
 def write_records(
-    conn: Connection, records: Sequence[schema.Record], *, received_s: float
+    conn: Connection,
+    records: Sequence[schema.Record],
+    *,
+    received_s: float,
+    checked: validate.Checked | None = None,
 ) -> dict[str, int]:
     """Store every record of one batch (the caller's transaction makes it all-or-nothing);
-    return how many records of each wire type (`step`, `sample`, ...) it held."""
-    by_type: dict[type, list[Any]] = defaultdict(list)
-    for record in records:
-        by_type[type(record)].append(record)
-    for record_type, group in by_type.items():
-        _WRITERS[record_type](conn, group, received_s)
-    return {_TAGS[t]: len(group) for t, group in by_type.items()}
+    return how many records of each wire type (`step`, `sample`, ...) it held. `checked` is
+    `validate.check_batch(records)`: its groups and field tuples are reused, not rebuilt."""
+    if checked is None:
+        groups, rows = validate.group_records(records), {}
+    else:
+        groups, rows = checked.groups, checked.rows
+        if sum(map(len, groups.values())) != len(records):
+            raise ValueError("checked groups do not hold these records")
+    for record_type, group in groups.items():
+        _WRITERS[record_type](conn, group, received_s, rows.get(record_type))
+    return {_TAGS[t]: len(group) for t, group in groups.items()}
 
 
-def _steps(conn: Connection, records: list[schema.StepRecord], received_s: float) -> None:
-    rows = list(map(as_row, records))
-    dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, rows, upsert_rows=True)
-    matrix.write(conn, rows)
+Rows = list[tuple[Any, ...]] | None
 
 
-def _aggs(conn: Connection, records: list[schema.CollectiveAggregate], received_s: float) -> None:
-    rows = list(map(as_row, records))
-    dialects.bulk_write(conn, tables.coll_aggs, AGG_COLUMNS, rows, upsert_rows=True)
+def _tuples(records: list[Any], rows: Rows) -> list[tuple[Any, ...]]:
+    return list(map(as_row, records)) if rows is None else rows
 
 
-def _events(conn: Connection, records: list[schema.CollectiveEvent], received_s: float) -> None:
-    rows = [(*as_row(r), received_s) for r in records]
-    dialects.bulk_write(conn, tables.coll_events, EVENT_COLUMNS, rows, upsert_rows=True)
+def _steps(
+    conn: Connection, records: list[schema.StepRecord], received_s: float, rows: Rows
+) -> None:
+    tuples = _tuples(records, rows)
+    dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, tuples, upsert_rows=True)
+    matrix.write(conn, tuples)
 
 
-def _heartbeats(conn: Connection, records: list[schema.Heartbeat], received_s: float) -> None:
-    rows = [
+def _aggs(
+    conn: Connection, records: list[schema.CollectiveAggregate], received_s: float, rows: Rows
+) -> None:
+    tuples = _tuples(records, rows)
+    dialects.bulk_write(conn, tables.coll_aggs, AGG_COLUMNS, tuples, upsert_rows=True)
+
+
+def _events(
+    conn: Connection, records: list[schema.CollectiveEvent], received_s: float, rows: Rows
+) -> None:
+    tuples = [(*r, received_s) for r in _tuples(records, rows)]
+    dialects.bulk_write(conn, tables.coll_events, EVENT_COLUMNS, tuples, upsert_rows=True)
+
+
+def _heartbeats(
+    conn: Connection, records: list[schema.Heartbeat], received_s: float, rows: Rows
+) -> None:
+    tuples = [
         (
             r.job_id,
             r.rank,
@@ -79,12 +101,12 @@ def _heartbeats(conn: Connection, records: list[schema.Heartbeat], received_s: f
         )
         for r in records
     ]
-    dialects.bulk_write(conn, tables.heartbeats, HEARTBEAT_COLUMNS, rows, upsert_rows=False)
+    dialects.bulk_write(conn, tables.heartbeats, HEARTBEAT_COLUMNS, tuples, upsert_rows=False)
 
 
-def _samples(conn: Connection, records: list[schema.Sample], received_s: float) -> None:
-    rows = [(*as_row(r), received_s) for r in records]
-    dialects.bulk_write(conn, tables.samples, SAMPLE_COLUMNS, rows, upsert_rows=False)
+def _samples(conn: Connection, records: list[schema.Sample], received_s: float, rows: Rows) -> None:
+    tuples = [(*r, received_s) for r in _tuples(records, rows)]
+    dialects.bulk_write(conn, tables.samples, SAMPLE_COLUMNS, tuples, upsert_rows=False)
 
 
 def _as_row(record: msgspec.Struct, **extra: Any) -> dict[str, Any]:
@@ -94,25 +116,27 @@ def _as_row(record: msgspec.Struct, **extra: Any) -> dict[str, Any]:
     return row
 
 
-def _jobs(conn: Connection, records: list[schema.Job], received_s: float) -> None:
-    rows = [_as_row(r, updated_s=received_s) for r in records]
-    for row in rows:
+def _jobs(conn: Connection, records: list[schema.Job], received_s: float, rows: Rows) -> None:
+    dicts = [_as_row(r, updated_s=received_s) for r in records]
+    for row in dicts:
         row.setdefault("model", None)
-    dialects.upsert(conn, tables.jobs, rows)
+    dialects.upsert(conn, tables.jobs, dicts)
 
 
-def _upserter(table: Table) -> Callable[[Connection, list[Any], float], None]:
-    def write(conn: Connection, records: list[Any], received_s: float) -> None:
+def _upserter(table: Table) -> Callable[[Connection, list[Any], float, Rows], None]:
+    def write(conn: Connection, records: list[Any], received_s: float, rows: Rows) -> None:
         dialects.upsert(conn, table, [_as_row(r) for r in records])
 
     return write
 
 
-def _diags(conn: Connection, records: list[schema.DiagResult], received_s: float) -> None:
+def _diags(
+    conn: Connection, records: list[schema.DiagResult], received_s: float, rows: Rows
+) -> None:
     conn.execute(tables.diag_results.insert(), [_as_row(r) for r in records])
 
 
-_WRITERS: dict[type, Callable[[Connection, list[Any], float], None]] = {
+_WRITERS: dict[type, Callable[[Connection, list[Any], float, Rows], None]] = {
     schema.StepRecord: _steps,
     schema.CollectiveAggregate: _aggs,
     schema.CollectiveEvent: _events,
