@@ -29,9 +29,9 @@ from typing import Any
 
 from vigil.recovery import collector_link, demo, journal
 from vigil.recovery.demo_report import read_steps
-from vigil.schema import ActionKind, FindingKind
+from vigil.recovery.policy import RESTARTING
+from vigil.schema import FindingKind
 
-RESTARTS = {ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE}
 FAULT_STEP, STEPS, CKPT_EVERY = 8, 14, 5
 
 
@@ -61,7 +61,7 @@ def vigil_case(kind: str, url: str, root: Path) -> dict[str, float]:
     time.sleep(1.0)
     steps = read_steps(workdir / "steps.jsonl")
     actions = journal.Journal(workdir / "controller").actions()
-    restart = min((a for a in actions if a.kind in RESTARTS), key=lambda a: a.start_s)
+    restart = min((a for a in actions if a.kind in RESTARTING), key=lambda a: a.start_s)
     wanted = FindingKind.CRASH if kind == "crash" else FindingKind.HANG
     found = collector_link.CollectorFindings(url=url, job_id=job).fetch()
     finding = next(f for f in found if f.finding_id == restart.finding_id and f.kind is wanted)

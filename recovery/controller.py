@@ -17,6 +17,7 @@ from typing import Protocol
 
 import msgspec
 
+from vigil.analyzer import stacks as analyzer_stacks
 from vigil.recovery import journal as journal_mod
 from vigil.recovery import policy
 from vigil.recovery.executor import RankExit
@@ -221,7 +222,7 @@ class Controller:
             log.warning("%s: %s", finding.finding_id, decision.suppressed)
         if decision.restarts and len(self.state.restart_times_s) >= self.config.max_restarts:
             decision = policy.Decision(
-                actions=tuple(a for a in decision.actions if a.kind not in _RESTARTS),
+                actions=tuple(a for a in decision.actions if a.kind not in policy.RESTARTING),
                 suppressed=f"max restarts ({self.config.max_restarts}) reached",
                 give_up=job_down,
             )
@@ -266,17 +267,21 @@ class Controller:
 
     def _execute(self, action: Action) -> None:
         start = self.clock()
-        self._record(_with(action, state=ActionState.RUNNING, start_s=start))
+        self._record(msgspec.structs.replace(action, state=ActionState.RUNNING, start_s=start))
         try:
             state, result = self._carry_out(action)
         except Exception as exc:  # an action that fails is recorded, never crashes the loop
             log.exception("action %s failed", action.action_id)
             state, result = ActionState.FAILED, f"{type(exc).__name__}: {exc}"
-        self._record(_with(action, state=state, start_s=start, end_s=self.clock(), result=result))
+        self._record(
+            msgspec.structs.replace(
+                action, state=state, start_s=start, end_s=self.clock(), result=result
+            )
+        )
         self._die_if("recorded")
 
     def _carry_out(self, action: Action) -> tuple[ActionState, str]:
-        if action.kind in _RESTARTS:
+        if action.kind in policy.RESTARTING:
             return self._restart(action)
         if action.kind is ActionKind.CHECKPOINT:
             if self.checkpointer is None:
@@ -302,11 +307,12 @@ class Controller:
         stacks = self.executor.dump_stacks(ranks)
         folder = self.journal.run_dir / "stacks" / action.finding_id.replace("/", "_")
         folder.mkdir(parents=True, exist_ok=True)
-        groups: dict[str, list[int]] = {}
         for rank, text in stacks.items():
             (folder / f"rank-{rank}.txt").write_text(text)
-            groups.setdefault(_stack_identity(text), []).append(rank)
-        summary = "; ".join(f"ranks {sorted(r)} share one stack" for r in groups.values())
+        groups = analyzer_stacks.group(
+            {rank: analyzer_stacks.parse(t) for rank, t in stacks.items()}
+        )
+        summary = "; ".join(f"ranks {ranks} share one stack" for ranks, _ in groups)
         return ActionState.SUCCEEDED, f"{len(stacks)} stacks in {folder}: {summary}"
 
     def _restart(self, action: Action) -> tuple[ActionState, str]:
@@ -368,23 +374,3 @@ class Controller:
         if os.environ.get(DIE_AT_ENV) == stage:
             log.error("dying at stage %r (%s is set)", stage, DIE_AT_ENV)
             os._exit(70)
-
-
-_RESTARTS = frozenset({ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE})
-
-
-def _with(action: Action, **changes: object) -> Action:
-    return msgspec.structs.replace(action, **changes)
-
-
-def _stack_identity(text: str) -> str:
-    """The main thread's frames of a py-spy dump: ranks stuck in the same place share them
-    (process ids, thread ids and the other threads are left out)."""
-    frames: list[str] = []
-    in_main = False
-    for line in text.splitlines():
-        if line.startswith("Thread "):
-            in_main = '"MainThread"' in line
-        elif in_main and line.startswith("    "):
-            frames.append(line.strip())
-    return "\n".join(frames) or text.strip()

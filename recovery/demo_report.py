@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vigil.schema import Action, ActionKind, Finding, FindingKind
+from vigil.recovery.policy import RESTARTING
+from vigil.schema import Action, Finding, FindingKind
 
-_RESTARTS = {ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE}
 _KINDS = {"straggler": FindingKind.STRAGGLER, "hang": FindingKind.HANG, "crash": FindingKind.CRASH}
 # The attempt each fault fires in: the demo chains them, one recovery each.
 _ATTEMPT = {"straggler": 0, "hang": 1, "crash": 2}
@@ -78,7 +78,7 @@ def build_rows(
         mine = sorted(
             (a for a in actions if a.finding_id == finding.finding_id), key=lambda a: a.action_id
         )
-        restart = next((a for a in mine if a.kind in _RESTARTS), None)
+        restart = next((a for a in mine if a.kind in RESTARTING), None)
         recover_s, lost = _recovery(steps, attempt, fault_steps[fault], restart)
         rows.append(
             FaultRow(

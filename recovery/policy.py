@@ -133,10 +133,11 @@ class Decision:
 
     @property
     def restarts(self) -> bool:
-        return any(a.kind in _RESTARTING for a in self.actions)
+        return any(a.kind in RESTARTING for a in self.actions)
 
 
-_RESTARTING = frozenset({ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE})
+# Actions that stop the job's ranks and start them again.
+RESTARTING = frozenset({ActionKind.RESTART, ActionKind.MIGRATE, ActionKind.RESIZE})
 
 
 def severity(finding: Finding) -> Severity:
@@ -197,7 +198,7 @@ def decide(finding: Finding, context: Context, budget: Budget | None = None) -> 
     ):
         steps = tuple(Step.RELOCATE if s is Step.RESTART else s for s in steps)
     actions = tuple(a for s in steps for a in _resolve(s, finding, nodes, context))
-    give_up = context.job_down and not any(a.kind in _RESTARTING for a in actions)
+    give_up = context.job_down and not any(a.kind in RESTARTING for a in actions)
     return Decision(actions=actions, suppressed=suppressed, give_up=give_up)
 
 
@@ -279,6 +280,7 @@ def culprit_nodes(findings: Sequence[Finding]) -> dict[str, int]:
 
 
 __all__ = [
+    "RESTARTING",
     "TABLE",
     "Budget",
     "Context",
