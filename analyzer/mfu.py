@@ -52,9 +52,9 @@ def drop_flags(
         return flags, before, after, z
     windows = np.lib.stride_tricks.sliding_window_view(series, b + r)
     with np.errstate(all="ignore"):
-        base = np.nanmedian(windows[:, :b], axis=1)
-        mad = np.nanmedian(np.abs(windows[:, :b] - base[:, None]), axis=1)
-        recent = np.nanmedian(windows[:, b:], axis=1)
+        base = robust.nanmedian(windows[:, :b], 1)
+        mad = robust.nanmedian(np.abs(windows[:, :b] - base[:, None]), 1)
+        recent = robust.nanmedian(windows[:, b:], 1)
         # Standard error of a median of r values is ~1.25 sigma / sqrt(r).
         scale = np.maximum(robust.MAD_TO_SIGMA * mad, 1e-3 * np.abs(base)) * 1.25 / np.sqrt(r)
         score = (base - recent) / scale

@@ -66,6 +66,8 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     rows = slice(-last, None) if last else slice(None)
 
     def smooth(values: robust.FloatArray) -> robust.FloatArray:
+        if last == 1:
+            return robust.trimmed_mean_last(values, cfg.smooth_steps)
         return robust.rolling_trimmed_mean(values, cfg.smooth_steps)[rows]
 
     def outliers(

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import hangs, imbalance, mfu, stragglers
+from vigil.analyzer import hangs, imbalance, mfu, robust, stragglers
 from vigil.analyzer import window as window_mod
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,24 @@ class _JobStream:
         self.mfu_reported_step = -(10**9)
         self.mfu_series: list[float] = []
         self.mfu_steps: list[int] = []
+        self.mfu_run = 0  # consecutive newest windows flagged as a drop
         self.job_done = False
 
     # --- feeding -----------------------------------------------------------------------
-    def feed(self, batch: Sequence[schema.Record]) -> list[schema.Finding]:
+    def feed(
+        self, batch: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> list[schema.Finding]:
+        """One batch of this job's records; `steps`: its step records as columns, if built."""
         step_type, agg_type, beat_type = (
             schema.StepRecord,
             schema.CollectiveAggregate,
             schema.Heartbeat,
         )
-        steps: list[schema.StepRecord] = [r for r in batch if type(r) is step_type]
         rest: Sequence[schema.Record] = ()
-        if len(steps) < len(batch):
+        if steps is None or len(steps) < len(batch):
             rest = [r for r in batch if type(r) is not step_type and type(r) in _READ]
+        if steps is None:
+            steps = columns.from_records([r for r in batch if type(r) is step_type])
         aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
         newest_beat = 0.0
         for r in rest:
@@ -74,21 +79,21 @@ class _JobStream:
             elif type(r) is not agg_type:
                 self._feed_other(r)
         out: list[schema.Finding] = []
-        if steps:  # analyse what the ring would overwrite before it moves on
-            batch_newest = max(s.step for s in steps)
+        numbers = steps.column("step")
+        if len(steps):  # analyse what the ring would overwrite before it moves on
+            batch_newest = int(numbers.max())
             out.extend(self._analyse_ready(force_upto=batch_newest - self.window.capacity // 2))
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
         for agg in aggs:  # sequence numbers only: an aggregate describes a finished step
             self.hang.observe_seq(agg.rank, agg.group, agg.last_seq, agg.op)
-        if steps:
-            numbers = [s.step for s in steps]
-            self.newest_step = max(self.newest_step, max(numbers))
+        if len(steps):
+            self.newest_step = max(self.newest_step, batch_newest)
             if self.next_step < 0:
-                self.next_step = min(numbers)
+                self.next_step = int(numbers.min())
             # Progress is any step ending, whether or not its step has been analysed yet.
-            self.hang.observe_progress(max(numbers), latest_end)
+            self.hang.observe_progress(batch_newest, latest_end)
         out.extend(self._analyse_ready())
         if newest_beat and not self.job_done:
             hang = self.hang.check(newest_beat)
@@ -147,7 +152,7 @@ class _JobStream:
             del self.analysed[0]
         one = self.window.view([step])
         with np.errstate(all="ignore"):
-            median_time = float(np.nanmedian(one.step_time_s))
+            median_time = float(robust.nanmedian(one.step_time_s, 1)[0])
         self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
         recent = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
         scores = stragglers.score(recent, self.cfg.straggler, last=1)
@@ -217,6 +222,16 @@ class _JobStream:
         self.mfu_steps.append(step)
         keep = self.cfg.stream_window_steps
         del self.mfu_series[:-keep], self.mfu_steps[:-keep]
+        # Test only the newest window each step; the whole series only when a run of flagged
+        # windows just became long enough to be a drop (what find_drops would first report).
+        span = self.cfg.mfu.baseline_steps + self.cfg.mfu.recent_steps
+        if len(self.mfu_series) < span:
+            return []
+        newest = np.asarray(self.mfu_series[-span:], dtype=np.float64)
+        flagged = bool(mfu.drop_flags(newest, self.cfg.mfu)[0][-1])
+        self.mfu_run = self.mfu_run + 1 if flagged else 0
+        if self.mfu_run != self.cfg.mfu.recent_steps:
+            return []
         drops = mfu.find_drops(np.asarray(self.mfu_series, dtype=np.float64), self.cfg.mfu)
         out = []
         for drop in drops:
@@ -279,8 +294,11 @@ class StreamingAnalyzer:
     def job_ids(self) -> list[str]:
         return sorted(self._jobs)
 
-    def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
-        """Take one committed batch (any record types); return new or updated findings."""
+    def observe(
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> Sequence[schema.Finding]:
+        """Take one committed batch (any record types; `steps`: its step records as columns,
+        row for row, when the caller built them); return new or updated findings."""
         by_job: dict[str, Sequence[schema.Record]]
         try:
             jobs = set(map(_JOB_ID, records))
@@ -305,7 +323,7 @@ class StreamingAnalyzer:
                 world = next((r.world_size for r in batch if isinstance(r, schema.Job)), 0)
                 stream = self._jobs[job] = _JobStream(job, self.config, world)
             try:
-                out.extend(stream.feed(batch))
+                out.extend(stream.feed(batch, None if steps is None else steps.of_job(job)))
             except (ValueError, IndexError) as exc:  # bad data for one job must not stop others
                 log.warning("job %s: batch skipped by the analyzer: %s", job, exc)
         return out

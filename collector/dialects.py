@@ -6,7 +6,7 @@ here takes an open SQLAlchemy connection inside the caller's transaction and nev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -99,17 +99,35 @@ def bulk_write(
     rows: Sequence[tuple[Any, ...]],
     *,
     upsert_rows: bool,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Write many tuples: executemany on SQLite, COPY on PostgreSQL. With `upsert_rows`, a row
-    whose key exists replaces it."""
+    whose key exists replaces it. `meanwhile` is CPU work the caller needs done anyway: it runs
+    once, while PostgreSQL digests the COPY stream (on SQLite, after the insert)."""
     if not rows:
+        if meanwhile is not None:
+            meanwhile()
         return
     if conn.dialect.name != POSTGRESQL:  # SQLite upserts row by row: a repeated key just wins
         _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
+        if meanwhile is not None:
+            meanwhile()
     elif not upsert_rows:
-        _copy(conn, table, table.name, columns, rows)
+        _copy(conn, table, table.name, columns, rows, _Once(meanwhile))
     else:
-        _pg_upsert(conn, table, columns, rows)
+        _pg_upsert(conn, table, columns, rows, _Once(meanwhile))
+
+
+class _Once:
+    """Runs a callable on the first call only (the staging retry must not run it again)."""
+
+    def __init__(self, work: Callable[[], None] | None) -> None:
+        self.work = work
+
+    def __call__(self) -> None:
+        work, self.work = self.work, None
+        if work is not None:
+            work()
 
 
 def _sqlite_write(
@@ -131,13 +149,17 @@ def _sqlite_write(
 
 
 def _pg_upsert(
-    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+    conn: Connection,
+    table: Table,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    meanwhile: _Once,
 ) -> None:
     try:
         # Optimistic: rows are almost always new (a step re-run after a restart is the exception),
         # so COPY straight into the table; on a key clash, undo and take the staging path.
         with conn.begin_nested():
-            _copy(conn, table, table.name, columns, rows)
+            _copy(conn, table, table.name, columns, rows, meanwhile)
         return
     except psycopg.errors.UniqueViolation:
         pass
@@ -147,7 +169,7 @@ def _pg_upsert(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
         f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(conn, table, stage, columns, rows)
+    _copy(conn, table, stage, columns, rows, meanwhile)
     cols = ", ".join(_quote(conn, c) for c in columns)
     order = ", ".join(_quote(conn, c) for c in primary_key(table))
     # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
@@ -176,6 +198,7 @@ def _copy(
     target: str,
     columns: Sequence[str],
     rows: Sequence[tuple[Any, ...]],
+    meanwhile: _Once | None = None,
 ) -> None:
     driver = conn.connection.driver_connection
     assert driver is not None
@@ -185,6 +208,9 @@ def _copy(
         copy.set_types(copy_types(table, columns))
         for row in rows:
             copy.write_row(row)
+        # All but the last buffer is on its way: the server inserts while this runs.
+        if meanwhile is not None:
+            meanwhile()
 
 
 # Order matters: BigInteger is an Integer, Text is a String.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
-from vigil import schema
+from vigil import columns, schema
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,11 @@ log = logging.getLogger(__name__)
 class StreamAnalyzer(Protocol):
     """What the collector needs from a streaming analyzer."""
 
-    def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
-        """See one committed batch (all record types); return findings to store."""
+    def observe(
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> Sequence[schema.Finding]:
+        """See one committed batch (all record types; `steps`: its step records as columns,
+        when the collector built them); return findings to store."""
         ...
 
 
@@ -56,8 +59,10 @@ class AnalyzerRunner:
         """Batches and ticks queued but not yet analysed."""
         return self._pending
 
-    def submit(self, records: Sequence[schema.Record]) -> Future[None]:
-        return self._submit(lambda: self.analyzer.observe(records))
+    def submit(
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> Future[None]:
+        return self._submit(lambda: self.analyzer.observe(records, steps))
 
     def tick(self, now_s: float) -> Future[None] | None:
         analyzer = self.analyzer

@@ -81,11 +81,9 @@ def router(ctx: CollectorContext) -> APIRouter:
                 ctx, 415, "decode", f"Batch.<frame>: content type must be {api.BATCH_MEDIA_TYPE}"
             )
         header_id = request.headers.get(api.BATCH_ID_HEADER)
-        if header_id:
-            seen = await run_in_threadpool(ctx.store.batch_seen, header_id)
-            if seen is not None:
-                ctx.metrics.batches.labels(outcome="duplicate").inc()
-                return json_response({"batch_id": header_id, "accepted": seen, "duplicate": True})
+        # Duplicates are found inside the batch's own transaction (see Store.ingest): a lookup
+        # before reading the body would cost every fresh batch a round trip to spare the rare
+        # retried one a decode.
         body = await read_body(request, ctx.settings.max_batch_bytes)
         if body is None:
             return _error(
@@ -136,7 +134,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
         for record_type, count in result.counts.items():
             ctx.metrics.ingested_rows.labels(type=record_type).inc(count)
         if ctx.runner is not None:
-            ctx.runner.submit(batch.records)
+            ctx.runner.submit(batch.records, checked.steps)
     return json_response(
         {"batch_id": result.batch_id, "accepted": result.accepted, "duplicate": result.duplicate}
     )

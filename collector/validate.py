@@ -18,8 +18,9 @@ from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
+import numpy as np
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.codec import DecodeError
 
 INT64_MAX = 2**63 - 1
@@ -82,11 +83,13 @@ def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable
 
 @dataclass(frozen=True, kw_only=True)
 class Checked:
-    """A checked batch's records grouped by type (in record order), and the field tuples
-    (`msgspec.structs.astuple`) built while checking, so the store need not build them again."""
+    """A checked batch's records grouped by type (in record order), the field tuples
+    (`msgspec.structs.astuple`) built while checking, so the store need not build them again,
+    and the step records as numeric columns (for the heatmap patch and the analyzer)."""
 
     groups: dict[type, list[Any]]
     rows: dict[type, list[tuple[Any, ...]]]
+    steps: columns.StepColumns | None = None
 
 
 def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
@@ -104,9 +107,15 @@ def check_batch(records: Sequence[schema.Record]) -> Checked:
     """Raise DecodeError for the first record the store could not hold faithfully."""
     groups = group_records(records)
     rows: dict[type, list[tuple[Any, ...]]] = {}
+    steps = None
     for cls, group in groups.items():
         plan = _PLANS[cls]
-        if not plan.nested:
+        if cls is schema.StepRecord:
+            rows[cls] = tuples = list(map(_astuple, group))
+            steps = columns.from_rows(tuples)
+            if _steps_ok(steps):
+                continue
+        elif not plan.nested:
             rows[cls] = tuples = list(map(_astuple, group))
             if _fast_ok(plan, tuples):
                 continue
@@ -114,7 +123,28 @@ def check_batch(records: Sequence[schema.Record]) -> Checked:
         # look at each record and name the first bad field.
         for record in group:
             _check_value(cls.__name__, "", msgspec.structs.asdict(record))
-    return Checked(groups=groups, rows=rows)
+    return Checked(groups=groups, rows=rows, steps=steps)
+
+
+_STEP_FIELDS = schema.StepRecord.__struct_fields__
+_STEP_PLAN = _PLANS[schema.StepRecord]
+_STEP_FLOATS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.floats]
+_STEP_INTS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.ints]
+assert [_STEP_FIELDS[i] for i in _STEP_PLAN.strings] == ["job_id"], "step text: job_id only"
+
+
+def _steps_ok(steps: columns.StepColumns) -> bool:
+    """`_fast_ok` for step records, on their columns (float64 comparisons can only raise false
+    alarms for integers near the bounds, which the record-by-record pass then settles)."""
+    values = steps.values
+    if not np.isfinite(values[:, _STEP_FLOATS]).all():
+        return False
+    ints = values[:, _STEP_INTS]
+    if ints.size and (ints.max() >= float(INT64_MAX) or ints.min() <= -float(INT64_MAX)):
+        return False
+    if steps.column("rank").max(initial=0) > MAX_RANK:
+        return False
+    return "\x00" not in "".join(steps.job_ids)
 
 
 def _fast_ok(plan: _Plan, rows: list[tuple[Any, ...]]) -> bool:

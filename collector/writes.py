@@ -14,7 +14,7 @@ import msgspec
 from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.collector import dialects, matrix, tables, validate
 
 # Bulk rows are the records' own field tuples (msgspec.structs.astuple: 3x cheaper than reading
@@ -43,16 +43,17 @@ def write_records(
 ) -> dict[str, int]:
     """Store every record of one batch (the caller's transaction makes it all-or-nothing);
     return how many records of each wire type (`step`, `sample`, ...) it held. `checked` is
-    `validate.check_batch(records)`: its groups and field tuples are reused, not rebuilt."""
+    `validate.check_batch(records)`: its groups, field tuples and step columns are reused."""
     if checked is None:
-        groups, rows = validate.group_records(records), {}
-    else:
-        groups, rows = checked.groups, checked.rows
-        if sum(map(len, groups.values())) != len(records):
-            raise ValueError("checked groups do not hold these records")
-    for record_type, group in groups.items():
-        _WRITERS[record_type](conn, group, received_s, rows.get(record_type))
-    return {_TAGS[t]: len(group) for t, group in groups.items()}
+        checked = validate.Checked(groups=validate.group_records(records), rows={})
+    elif sum(map(len, checked.groups.values())) != len(records):
+        raise ValueError("checked groups do not hold these records")
+    for record_type, group in checked.groups.items():
+        if record_type is schema.StepRecord:
+            _steps(conn, group, checked.rows.get(record_type), checked.steps)
+        else:
+            _WRITERS[record_type](conn, group, received_s, checked.rows.get(record_type))
+    return {_TAGS[t]: len(group) for t, group in checked.groups.items()}
 
 
 Rows = list[tuple[Any, ...]] | None
@@ -63,11 +64,22 @@ def _tuples(records: list[Any], rows: Rows) -> list[tuple[Any, ...]]:
 
 
 def _steps(
-    conn: Connection, records: list[schema.StepRecord], received_s: float, rows: Rows
+    conn: Connection,
+    records: list[schema.StepRecord],
+    rows: Rows,
+    steps: columns.StepColumns | None,
 ) -> None:
     tuples = _tuples(records, rows)
-    dialects.bulk_write(conn, tables.step_records, STEP_COLUMNS, tuples, upsert_rows=True)
-    matrix.write(conn, tuples)
+    prepared: list[matrix.Prepared] = []
+    dialects.bulk_write(
+        conn,
+        tables.step_records,
+        STEP_COLUMNS,
+        tuples,
+        upsert_rows=True,
+        meanwhile=lambda: prepared.append(matrix.prepare(conn, tuples, steps)),
+    )
+    matrix.apply(conn, prepared[0])
 
 
 def _aggs(
@@ -137,7 +149,7 @@ def _diags(
 
 
 _WRITERS: dict[type, Callable[[Connection, list[Any], float, Rows], None]] = {
-    schema.StepRecord: _steps,
+    schema.StepRecord: lambda conn, records, _received_s, rows: _steps(conn, records, rows, None),
     schema.CollectiveAggregate: _aggs,
     schema.CollectiveEvent: _events,
     schema.Heartbeat: _heartbeats,

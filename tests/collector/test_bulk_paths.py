@@ -35,11 +35,11 @@ def test_matrix_patch_matches_cell_by_cell(store: Store) -> None:
         rows = [_row(rng, rng.choice([2, 30, 300])) for _ in range(rng.choice([1, 7, 200]))]
         with store.write() as conn:
             matrix.write(conn, rows)
-        width = max(r[1] for r in rows) + 1  # type: ignore[call-overload]
-        for row in rows:  # the reference: a later row for a cell wins; arrays only widen
+        for row in rows:  # the reference: a later row for a cell wins; a step's arrays only
+            # widen, to cover the highest rank seen for that step
             cells = expected.setdefault((row[0], row[2]), [array("d") for _ in matrix.METRICS])  # type: ignore[index]
             for a in cells:
-                a.extend([math.nan] * (width - len(a)))
+                a.extend([math.nan] * (row[1] + 1 - len(a)))  # type: ignore[operator]
         for job_id, rank, step, start, end, *rest in rows:
             cells = expected[(job_id, step)]  # type: ignore[index]
             cells[0][rank] = end - start  # type: ignore[index,operator]

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
 from tests.collector.conftest import FakeClock
-from vigil import api, cli, codec, schema
+from vigil import api, cli, codec, columns, schema
 from vigil.collector import CollectorSettings, StreamAnalyzer, TickingAnalyzer, create_app
 
 pytestmark = pytest.mark.integration
@@ -319,8 +319,15 @@ class SlowRankAnalyzer:
         self.batches = 0
         self.ticks: list[float] = []
 
-    def observe(self, records: Sequence[schema.Record]) -> Sequence[schema.Finding]:
+    def observe(
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> Sequence[schema.Finding]:
         self.batches += 1
+        # The collector hands over the batch's step records as columns, row for row.
+        step_records = [r for r in records if isinstance(r, schema.StepRecord)]
+        if step_records:
+            assert steps is not None
+            assert steps.column("rank").tolist() == [r.rank for r in step_records]
         if any(isinstance(r, schema.Sample) for r in records):
             raise RuntimeError("analyzer bug")
         return [
