@@ -14,6 +14,7 @@ Pure numpy over `StepArrays`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ class Scores:
     transfer: robust.BoolArray
     transfer_z: robust.FloatArray
     seqlen_explained: robust.BoolArray
+
+    def rows(self, start: int, stop: int) -> Scores:
+        """The scores of rows [start, stop) (views, not copies)."""
+        return Scores(
+            **{f.name: getattr(self, f.name)[start:stop] for f in dataclasses.fields(self)}
+        )
 
     def flags(self, kind: schema.FindingKind) -> robust.BoolArray:
         return {

@@ -134,7 +134,7 @@ class _JobStream:
         )
 
     def _analyse_ready(self, force_upto: int = -1) -> list[schema.Finding]:
-        out: list[schema.Finding] = []
+        ready: list[int] = []
         quorum = self.window.quorum_step()
         while self.next_step >= 0 and self._ready(self.next_step, quorum, force_upto):
             step = self.next_step
@@ -142,10 +142,21 @@ class _JobStream:
             row = step % self.window.capacity
             if self.window.row_step[row] != step or self.window.reported[row] == 0:
                 continue  # no rank reported this step
-            out.extend(self._analyse(step))
+            ready.append(step)
+        if not ready:
+            return []
+        # Score all ready steps in one vectorised call: each step's row is smoothed over the
+        # same earlier steps as when scored alone, so this equals scoring them one by one.
+        smooth = self.cfg.straggler.smooth_steps
+        history = self.analysed[-(smooth - 1) :] if smooth > 1 else []
+        recent = self.window.view([*history, *ready])
+        scores = stragglers.score(recent, self.cfg.straggler, last=len(ready))
+        out: list[schema.Finding] = []
+        for i, step in enumerate(ready):
+            out.extend(self._analyse(step, scores.rows(i, i + 1)))
         return out
 
-    def _analyse(self, step: int) -> list[schema.Finding]:
+    def _analyse(self, step: int, scores: stragglers.Scores) -> list[schema.Finding]:
         self.analysed.append(step)
         self.num_analysed += 1
         if len(self.analysed) > self.window.capacity:
@@ -154,8 +165,6 @@ class _JobStream:
         with np.errstate(all="ignore"):
             median_time = float(robust.nanmedian(one.step_time_s, 1)[0])
         self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
-        recent = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
-        scores = stragglers.score(recent, self.cfg.straggler, last=1)
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
         if newly:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.analyzer import engine, streaming
 from vigil.analyzer import simulator as sim
 
@@ -108,3 +108,28 @@ def test_per_rank_shipments_of_several_steps_are_analysed_like_the_whole_job() -
     offline = [f for f in engine.analyze_arrays(s.arrays) if f.kind == "straggler"]
     streamed = [f for f in found if f.kind == "straggler"]
     assert [f.finding_id for f in streamed] == [f.finding_id for f in offline]
+
+
+def test_whole_batches_of_steps_find_what_step_by_step_feeding_finds() -> None:
+    """Ready steps are scored together; the findings must be those of one step at a time,
+    also with the step columns handed over as the collector does."""
+    recover = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1 / 1.25, start_step=40)
+    drop = sim.Fault(kind=sim.FaultKind.THROTTLE, ranks=(), factor=0.7, start_step=45)
+    s = _sim(STRAGGLER, recover, drop, steps=80)
+    batches = list(s.records())
+    info = batches[0]
+    steps = [r for b in batches[1:] for r in b if isinstance(r, schema.StepRecord)]
+
+    def findings(chunk: int, with_columns: bool) -> list[tuple[str, str, int, int]]:
+        analyzer = streaming.StreamingAnalyzer()
+        out = list(analyzer.observe(info))
+        for first in range(0, 80, chunk):
+            batch = [r for r in steps if first <= r.step < first + chunk]
+            cols = columns.from_records(batch) if with_columns else None
+            out.extend(analyzer.observe(batch, cols))
+        return [(f.kind, f.state, f.step_start, f.step_end) for f in out]
+
+    one_by_one = findings(1, with_columns=False)
+    assert {k for k, *_ in one_by_one} >= {"straggler", "mfu_drop"}
+    assert findings(8, with_columns=True) == one_by_one
+    assert findings(16, with_columns=False) == one_by_one
