@@ -438,18 +438,34 @@ def uninstall() -> None:
     _work_pending.clear()
 
 
-_default_hooks: Any = None  # torch's ddp_comm_hooks.default_hooks, imported on first use
-
-
 def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
-    """DDP's default all-reduce, issued through the wrapped `dist.all_reduce` so it is timed."""
-    global _default_hooks
-    hooks = _default_hooks
-    if hooks is None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    """DDP's default all-reduce (average over the group), timed: one future callback both
+    records completion and hands DDP the reduced bucket, so a bucket costs the comm thread one
+    Python call, as torch's own default hook does."""
+    tensor = bucket.buffer()
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor.div_(group.size())
+    all_reduce = _originals.get("all_reduce", dist.all_reduce)
+    recorder = _active
+    if recorder is None:
+        fut = all_reduce(tensor, group=group, async_op=True).get_future()
+        return fut.then(_reduced)
+    try:
+        pending = recorder.begin("all_reduce", group, tensor, None, blocking=False)
+    except Exception as exc:
+        recorder._on_error(exc)
+        return all_reduce(tensor, group=group, async_op=True).get_future().then(_reduced)
+    fut = all_reduce(tensor, group=group, async_op=True).get_future()
 
-        hooks = _default_hooks = default_hooks
-    return hooks.allreduce_hook(process_group, bucket)
+    def done(f: Any) -> Any:
+        recorder.finish(pending, sync=False)  # fail-open: finish never raises
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def _reduced(fut: Any) -> Any:
+    return fut.value()[0]
 
 
 # DDP checks the hook's annotations at registration; with postponed evaluation they are strings.

@@ -65,6 +65,21 @@ def drop_flags(
     return flags, before, after, z
 
 
+def newest_is_drop(series: F64, cfg: config_mod.MfuConfig) -> bool:
+    """`drop_flags(series, cfg)[0][-1]`, computing only the newest window (streaming)."""
+    b, r = cfg.baseline_steps, cfg.recent_steps
+    if series.size < b + r:
+        return False
+    window = series[-(b + r) :]
+    with np.errstate(all="ignore"):
+        base = float(robust.nanmedian(window[:b], 0))
+        mad = float(robust.nanmedian(np.abs(window[:b] - base), 0))
+        recent = float(robust.nanmedian(window[b:], 0))
+        scale = max(robust.MAD_TO_SIGMA * mad, 1e-3 * abs(base)) * 1.25 / np.sqrt(r)
+        score = (base - recent) / scale
+    return bool(recent < base * (1.0 - cfg.min_drop) and score > cfg.z_threshold)
+
+
 def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
     """Every sustained drop in `series`, each with its refined change point."""
     flags, before, _after, z = drop_flags(series, cfg)

@@ -237,7 +237,7 @@ class _JobStream:
         if len(self.mfu_series) < span:
             return []
         newest = np.asarray(self.mfu_series[-span:], dtype=np.float64)
-        flagged = bool(mfu.drop_flags(newest, self.cfg.mfu)[0][-1])
+        flagged = mfu.newest_is_drop(newest, self.cfg.mfu)
         self.mfu_run = self.mfu_run + 1 if flagged else 0
         if self.mfu_run != self.cfg.mfu.recent_steps:
             return []

@@ -31,3 +31,19 @@ def test_nanmedian_matches_numpy_with_and_without_missing(axis: int) -> None:
         expected = np.nanmedian(values, axis=axis, keepdims=True)
     got = robust.nanmedian(values, axis, keepdims=True)
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_newest_window_drop_test_matches_the_full_series_test(seed: int) -> None:
+    from vigil.analyzer import config, mfu
+
+    cfg = config.MfuConfig()
+    rng = np.random.default_rng(seed)
+    n = cfg.baseline_steps + cfg.recent_steps + int(rng.integers(0, 10))
+    series = 0.4 + rng.normal(0, 0.002, n)
+    series[n - int(rng.integers(1, cfg.recent_steps + 3)) :] *= rng.choice([0.7, 0.97, 1.0])
+    if seed % 3 == 0:
+        series[rng.integers(0, n)] = np.nan  # a step without MFU
+    flags = mfu.drop_flags(series, cfg)[0]
+    assert mfu.newest_is_drop(series, cfg) == bool(flags[-1])
+    assert not mfu.newest_is_drop(series[: cfg.baseline_steps], cfg)
