@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+import psycopg
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import Response
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
@@ -46,7 +47,20 @@ def _decode(ctx: CollectorContext, body: bytes) -> tuple[schema.Batch, validate.
         max_bytes=ctx.settings.max_batch_bytes,
         max_records=ctx.settings.max_batch_records,
     )
-    return batch, validate.check_batch(batch.records)
+    # Checked inside the store's transaction (step records while the database digests them).
+    return batch, validate.prepare_batch(batch.records)
+
+
+def _refused(ctx: CollectorContext, batch: schema.Batch, exc: Exception) -> Response:
+    """A value the store refused before the checks reached it (e.g. an integer the driver
+    cannot send): name the record and field when the checks can, else say the store refused."""
+    try:
+        validate.check_batch(batch.records)
+    except codec.DecodeError as found:
+        return _error(ctx, 422, "decode", str(found))
+    log.error("store refused batch %s: %s", batch.batch_id, exc)
+    detail = f"Batch.<store>: the store refused a value in this batch ({type(exc).__name__})"
+    return _error(ctx, 422, "store", detail)
 
 
 def router(ctx: CollectorContext) -> APIRouter:
@@ -116,11 +130,17 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
         )
     try:
         result = ctx.store.ingest(batch, checked)
-    except (DataError, IntegrityError) as exc:  # a value validate.py let through: 4xx, logged
-        log.exception("store refused batch %s", batch.batch_id)
-        detail = f"Batch.<store>: the store refused a value in this batch ({type(exc).__name__})"
-        return _error(ctx, 422, "store", detail)
-    except (DBAPIError, TimeoutError) as exc:  # locked, down, deadlocked: the sender retries
+    except codec.DecodeError as exc:  # a record the store cannot hold; nothing was committed
+        return _error(ctx, 422, "decode", str(exc))
+    except (
+        DataError,
+        IntegrityError,
+        OverflowError,
+        psycopg.DataError,
+        psycopg.IntegrityError,
+    ) as exc:
+        return _refused(ctx, batch, exc)
+    except (DBAPIError, TimeoutError, psycopg.Error) as exc:  # locked, down: the sender retries
         log.warning("store unavailable for batch %s: %s", batch.batch_id, exc)
         detail = f"Batch.<store>: store busy or unavailable, retry ({type(exc).__name__})"
         response = _error(ctx, 503, "store", detail)
@@ -134,7 +154,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
         for record_type, count in result.counts.items():
             ctx.metrics.ingested_rows.labels(type=record_type).inc(count)
         if ctx.runner is not None:
-            ctx.runner.submit(batch.records, checked.steps, frame=body)
+            ctx.runner.submit(batch.records, result.steps, frame=body)
     return json_response(
         {"batch_id": result.batch_id, "accepted": result.accepted, "duplicate": result.duplicate}
     )

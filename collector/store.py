@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.collector import dialects, migrate, tables, validate, writes
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class IngestResult:
     accepted: int
     duplicate: bool
     counts: dict[str, int] = field(default_factory=dict)
+    steps: columns.StepColumns | None = None  # the batch's step records as columns
 
 
 class Store:
@@ -104,7 +105,9 @@ class Store:
 
     def ingest(self, batch: schema.Batch, checked: validate.Checked | None = None) -> IngestResult:
         """Store a decoded batch exactly once; a batch id seen before is a no-op duplicate.
-        `checked` is `validate.check_batch(batch.records)`, reused rather than rebuilt."""
+        `checked`: `validate.check_batch` or `validate.prepare_batch` of `batch.records`, reused
+        rather than rebuilt; an unverified batch is verified inside the transaction, so a bad
+        record raises `DecodeError` and nothing is stored."""
         received_s = self.clock()
         with self.write() as conn:
             fresh = dialects.insert_ignore(
@@ -117,12 +120,12 @@ class Store:
                     "source": batch.source,
                 },
             )
-            counts = (
+            written = (
                 writes.write_records(conn, batch.records, received_s=received_s, checked=checked)
                 if fresh
-                else {}
+                else None
             )
-        if not fresh:
+        if written is None:
             return IngestResult(
                 batch_id=batch.batch_id, accepted=len(batch.records), duplicate=True
             )
@@ -130,7 +133,8 @@ class Store:
             batch_id=batch.batch_id,
             accepted=len(batch.records),
             duplicate=False,
-            counts=counts,
+            counts=written.counts,
+            steps=written.steps,
         )
 
     def store_findings(self, findings: Sequence[schema.Finding]) -> None:

@@ -83,13 +83,16 @@ def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable
 
 @dataclass(frozen=True, kw_only=True)
 class Checked:
-    """A checked batch's records grouped by type (in record order), the field tuples
-    (`msgspec.structs.astuple`) built while checking, so the store need not build them again,
-    and the step records as numeric columns (for the heatmap patch and the analyzer)."""
+    """A batch's records grouped by type (in record order) and the field tuples
+    (`msgspec.structs.astuple`) of the groups the store bulk-writes, built once. `verified`:
+    every group passed `verify_group` (then `steps` holds the step records as columns); a
+    `prepare_batch` result is not verified yet, and the store verifies each group before it
+    commits (step records while the database digests them)."""
 
     groups: dict[type, list[Any]]
     rows: dict[type, list[tuple[Any, ...]]]
     steps: columns.StepColumns | None = None
+    verified: bool = True
 
 
 def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
@@ -103,27 +106,46 @@ def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
     return dict(by_type)
 
 
+def prepare_batch(records: Sequence[schema.Record]) -> Checked:
+    """Group and tuple a batch without checking it (see `Checked.verified`)."""
+    groups = group_records(records)
+    rows = {
+        cls: list(map(_astuple, group))
+        for cls, group in groups.items()
+        if cls is schema.StepRecord or not _PLANS[cls].nested
+    }
+    return Checked(groups=groups, rows=rows, verified=False)
+
+
+def verify_group(
+    cls: type, group: list[Any], rows: list[tuple[Any, ...]] | None
+) -> columns.StepColumns | None:
+    """Raise DecodeError for the first record of `group` (all of type `cls`; `rows` their
+    tuples, if built) the store could not hold faithfully; step records return their columns."""
+    plan = _PLANS[cls]
+    steps = None
+    if cls is schema.StepRecord:
+        steps = columns.from_rows(rows if rows is not None else list(map(_astuple, group)))
+        if _steps_ok(steps):
+            return steps
+    elif rows is not None and _fast_ok(plan, rows):
+        return None
+    # Nested fields, or a fast check that may be a false alarm (a sum overflowing to inf):
+    # look at each record and name the first bad field.
+    for record in group:
+        _check_value(cls.__name__, "", msgspec.structs.asdict(record))
+    return steps
+
+
 def check_batch(records: Sequence[schema.Record]) -> Checked:
     """Raise DecodeError for the first record the store could not hold faithfully."""
-    groups = group_records(records)
-    rows: dict[type, list[tuple[Any, ...]]] = {}
+    prepared = prepare_batch(records)
     steps = None
-    for cls, group in groups.items():
-        plan = _PLANS[cls]
-        if cls is schema.StepRecord:
-            rows[cls] = tuples = list(map(_astuple, group))
-            steps = columns.from_rows(tuples)
-            if _steps_ok(steps):
-                continue
-        elif not plan.nested:
-            rows[cls] = tuples = list(map(_astuple, group))
-            if _fast_ok(plan, tuples):
-                continue
-        # Nested fields, or a fast check that may be a false alarm (a sum overflowing to inf):
-        # look at each record and name the first bad field.
-        for record in group:
-            _check_value(cls.__name__, "", msgspec.structs.asdict(record))
-    return Checked(groups=groups, rows=rows, steps=steps)
+    for cls, group in prepared.groups.items():
+        found = verify_group(cls, group, prepared.rows.get(cls))
+        if found is not None:
+            steps = found
+    return Checked(groups=prepared.groups, rows=prepared.rows, steps=steps)
 
 
 _STEP_FIELDS = schema.StepRecord.__struct_fields__

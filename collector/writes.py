@@ -8,6 +8,7 @@ by their ids with SQLAlchemy Core. Must not commit, decode or call the analyzer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -34,26 +35,40 @@ BULK_TABLES = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class Written:
+    """How many records of each wire type (`step`, `sample`, ...) a batch held, and its step
+    records as columns (when it had any)."""
+
+    counts: dict[str, int]
+    steps: columns.StepColumns | None
+
+
 def write_records(
     conn: Connection,
     records: Sequence[schema.Record],
     *,
     received_s: float,
     checked: validate.Checked | None = None,
-) -> dict[str, int]:
-    """Store every record of one batch (the caller's transaction makes it all-or-nothing);
-    return how many records of each wire type (`step`, `sample`, ...) it held. `checked` is
-    `validate.check_batch(records)`: its groups, field tuples and step columns are reused."""
+) -> Written:
+    """Store every record of one batch (the caller's transaction makes it all-or-nothing).
+    `checked`: `validate.check_batch(records)` or `validate.prepare_batch(records)`, whose
+    groups and tuples are reused; an unverified batch is verified here, group by group, and a
+    `DecodeError` aborts the write (step records are verified while the database digests them)."""
     if checked is None:
-        checked = validate.Checked(groups=validate.group_records(records), rows={})
+        checked = validate.prepare_batch(records)
     elif sum(map(len, checked.groups.values())) != len(records):
         raise ValueError("checked groups do not hold these records")
+    steps = checked.steps
     for record_type, group in checked.groups.items():
+        rows = checked.rows.get(record_type)
         if record_type is schema.StepRecord:
-            _steps(conn, group, checked.rows.get(record_type), checked.steps)
-        else:
-            _WRITERS[record_type](conn, group, received_s, checked.rows.get(record_type))
-    return {_TAGS[t]: len(group) for t, group in checked.groups.items()}
+            steps = _steps(conn, group, rows, steps, verify=not checked.verified)
+            continue
+        if not checked.verified:
+            validate.verify_group(record_type, group, rows)
+        _WRITERS[record_type](conn, group, received_s, rows)
+    return Written(counts={_TAGS[t]: len(g) for t, g in checked.groups.items()}, steps=steps)
 
 
 Rows = list[tuple[Any, ...]] | None
@@ -68,18 +83,28 @@ def _steps(
     records: list[schema.StepRecord],
     rows: Rows,
     steps: columns.StepColumns | None,
-) -> None:
+    *,
+    verify: bool,
+) -> columns.StepColumns:
+    """Bulk-write step records and patch their heatmap cells; returns their columns. With
+    `verify`, the records are verified first thing in the bulk write's idle slot (PostgreSQL:
+    while it digests the COPY), and a bad one aborts the write."""
     tuples = _tuples(records, rows)
     prepared: list[matrix.Prepared] = []
+    if verify and conn.dialect.name != dialects.POSTGRESQL:  # no idle slot: verify up front
+        steps, verify = validate.verify_group(schema.StepRecord, records, tuples), False
+
+    def meanwhile() -> None:
+        cols = steps
+        if verify:
+            cols = validate.verify_group(schema.StepRecord, records, tuples)
+        prepared.append(matrix.prepare(conn, tuples, cols))
+
     dialects.bulk_write(
-        conn,
-        tables.step_records,
-        STEP_COLUMNS,
-        tuples,
-        upsert_rows=True,
-        meanwhile=lambda: prepared.append(matrix.prepare(conn, tuples, steps)),
+        conn, tables.step_records, STEP_COLUMNS, tuples, upsert_rows=True, meanwhile=meanwhile
     )
     matrix.apply(conn, prepared[0])
+    return prepared[0].steps
 
 
 def _aggs(
@@ -149,7 +174,9 @@ def _diags(
 
 
 _WRITERS: dict[type, Callable[[Connection, list[Any], float, Rows], None]] = {
-    schema.StepRecord: lambda conn, records, _received_s, rows: _steps(conn, records, rows, None),
+    schema.StepRecord: lambda conn, records, _received_s, rows: _steps(
+        conn, records, rows, None, verify=False
+    ),
     schema.CollectiveAggregate: _aggs,
     schema.CollectiveEvent: _events,
     schema.Heartbeat: _heartbeats,
