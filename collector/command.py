@@ -16,9 +16,7 @@ from sqlalchemy.engine import make_url
 
 from vigil.analyzer import StreamingAnalyzer
 from vigil.cli import Command
-from vigil.collector.analyzer_process import AnalyzerProcessError, ProcessAnalyzer
 from vigil.collector.app import create_app
-from vigil.collector.hook import StreamAnalyzer
 from vigil.collector.settings import CollectorSettings, is_loopback
 
 log = logging.getLogger(__name__)
@@ -38,12 +36,6 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--no-analyzer",
         action="store_true",
         help="store only; do not run the streaming analyzer on ingested batches",
-    )
-    parser.add_argument(
-        "--analyzer-in-process",
-        action="store_true",
-        help="run the streaming analyzer on a thread of the collector instead of a low-priority "
-        "child process (it then shares the interpreter lock with ingest)",
     )
 
 
@@ -77,17 +69,7 @@ def _run(args: argparse.Namespace) -> int:
             where,
         )
     log.info("collector store: %s", _redacted(settings.resolved_store_url))
-    analyzer: StreamAnalyzer | None = None
-    if args.no_analyzer:
-        pass
-    elif args.analyzer_in_process:
-        analyzer = StreamingAnalyzer()
-    else:
-        try:
-            analyzer = ProcessAnalyzer(StreamingAnalyzer)
-        except AnalyzerProcessError as exc:
-            log.error("%s (run with --analyzer-in-process to keep it in the collector)", exc)
-            return 1
+    analyzer = None if args.no_analyzer else StreamingAnalyzer()
     app = create_app(settings, analyzer=analyzer)
     uvicorn.run(
         app,

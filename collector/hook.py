@@ -1,8 +1,7 @@
 """The analyzer's streaming hook: a Protocol the collector calls after each committed batch.
 
-`vigil.analyzer.StreamingAnalyzer` implements it; `vigil collector` runs it in a child process
-(`analyzer_process.ProcessAnalyzer`, a `FrameAnalyzer`). Calls run on one worker thread, in commit
-order, so an analyzer needs no locks and a slow one never delays an
+`vigil.analyzer.StreamingAnalyzer` implements it (the lead wires it in `create_app`). Calls run on
+one worker thread, in commit order, so an analyzer needs no locks and a slow one never delays an
 acknowledgement. Findings it returns are upserted by id. Must not import the analyzer.
 """
 
@@ -38,16 +37,6 @@ class TickingAnalyzer(StreamAnalyzer, Protocol):
     def tick(self, now_s: float) -> Sequence[schema.Finding]: ...
 
 
-@runtime_checkable
-class FrameAnalyzer(TickingAnalyzer, Protocol):
-    """An analyzer that takes committed batches as the frames they arrived in (one running in
-    another process: `analyzer_process.ProcessAnalyzer`), and must be closed."""
-
-    def observe_frame(self, frame: bytes) -> Sequence[schema.Finding]: ...
-
-    def close(self) -> None: ...
-
-
 class AnalyzerRunner:
     """Feeds an analyzer on one thread and stores what it finds; counts its failures."""
 
@@ -61,7 +50,6 @@ class AnalyzerRunner:
         self.analyzer = analyzer
         self._store_findings = store_findings
         self._on_error = on_error
-        self._frames = isinstance(analyzer, FrameAnalyzer)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-analyzer")
         self._pending = 0
         self._lock = threading.Lock()
@@ -72,18 +60,9 @@ class AnalyzerRunner:
         return self._pending
 
     def submit(
-        self,
-        records: Sequence[schema.Record],
-        steps: columns.StepColumns | None = None,
-        frame: bytes | None = None,
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
     ) -> Future[None]:
-        """Queue one committed batch: its records, their step columns and, for analyzers that
-        take frames, the frame it arrived in."""
-        analyzer = self.analyzer
-        if frame is not None and self._frames:
-            assert isinstance(analyzer, FrameAnalyzer)
-            return self._submit(lambda: analyzer.observe_frame(frame))
-        return self._submit(lambda: analyzer.observe(records, steps))
+        return self._submit(lambda: self.analyzer.observe(records, steps))
 
     def tick(self, now_s: float) -> Future[None] | None:
         analyzer = self.analyzer
@@ -117,7 +96,3 @@ class AnalyzerRunner:
                 "analyzer still busy after %.1f s at shutdown; dropping its queue", timeout_s
             )
         self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._frames:
-            analyzer = self.analyzer
-            assert isinstance(analyzer, FrameAnalyzer)
-            analyzer.close()

@@ -154,7 +154,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
         for record_type, count in result.counts.items():
             ctx.metrics.ingested_rows.labels(type=record_type).inc(count)
         if ctx.runner is not None:
-            ctx.runner.submit(batch.records, result.steps, frame=body)
+            ctx.runner.submit(batch.records, result.steps)
     return json_response(
         {"batch_id": result.batch_id, "accepted": result.accepted, "duplicate": result.duplicate}
     )
