@@ -8,8 +8,10 @@ For each store, in one run:
   - raw insert: the same rows written straight into the same table of a fresh store with the
     same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: binary COPY), one
     transaction per batch, on the collector's core.
-The two alternate batch by batch, so both meet the same load on a shared machine; the round
-with the best ratio of `--rounds` is reported. Then a `--ranks` x `--steps` heatmap query is
+The two alternate in chunks of 16 batches, so both meet the same load on a shared machine; an
+HTTP chunk's time runs until the collector's streaming analyzer has also processed it (that work
+follows each ack and belongs to ingest). The round with the best ratio of `--rounds` is
+reported. Then a `--ranks` x `--steps` heatmap query is
 timed end to end over HTTP until the body is in (best of 5). The last line of output is one
 JSON object:
 {"sqlite_rows_per_s", "sqlite_ratio_to_raw", "postgres_rows_per_s", "postgres_ratio_to_raw",
@@ -81,11 +83,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def collector(url: str, data_dir: Path, core: int) -> Iterator[str]:
+def collector(url: str, data_dir: Path, core: int, *, analyzer: bool = True) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "VIGIL_DATA_DIR": str(data_dir), "VIGIL_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vigil", "collector", "--port", str(port), "--store", url],
+        [
+            sys.executable,
+            *("-m", "vigil", "collector", "--port", str(port), "--store", url),
+            *(() if analyzer else ("--no-analyzer",)),
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -148,26 +154,51 @@ class RawPostgres:
         self.conn.close()
 
 
+def analyzed(client: httpx.Client, timeout_s: float = 120.0) -> None:
+    """Wait until the collector's streaming analyzer has caught up with every acked batch."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = client.get("/metrics").text
+        pending = next(
+            (
+                float(line.split()[1])
+                for line in text.splitlines()
+                if line.startswith("vigil_collector_analyzer_pending ")
+            ),
+            0.0,
+        )
+        if pending == 0:
+            return
+        time.sleep(0.005)
+    raise RuntimeError("the collector's analyzer did not catch up")
+
+
 def interleaved(
     base: str,
     raw: RawSqlite | RawPostgres,
     frames: list[tuple[str, bytes]],
     raw_batches: list[list[tuple[object, ...]]],
     cores: tuple[int, int],
+    chunk: int = 16,
 ) -> tuple[float, float]:
-    """Batch by batch, alternately through HTTP and raw, so that both paths meet the same load
-    on this shared machine; returns (http_rows_per_s, raw_rows_per_s)."""
+    """Chunk by chunk, alternately through HTTP and raw, so that both paths meet the same load
+    on this shared machine; returns (http_rows_per_s, raw_rows_per_s). An HTTP chunk ends when
+    the collector has also analysed it: its streaming analyzer works after each ack, and that
+    work is part of ingest (it must not spill into the raw insert's time)."""
     server_core, client_core = cores
     http_s = raw_s = 0.0
     with httpx.Client(base_url=base, timeout=120) as client:
-        for (batch_id, frame), rows in zip(frames, raw_batches, strict=True):
-            headers = {"content-type": api.BATCH_MEDIA_TYPE, api.BATCH_ID_HEADER: batch_id}
+        for first in range(0, len(frames), chunk):
             t0 = time.perf_counter()
-            client.post(api.INGEST_PATH, content=frame, headers=headers).raise_for_status()
+            for batch_id, frame in frames[first : first + chunk]:
+                headers = {"content-type": api.BATCH_MEDIA_TYPE, api.BATCH_ID_HEADER: batch_id}
+                client.post(api.INGEST_PATH, content=frame, headers=headers).raise_for_status()
+            analyzed(client)
             http_s += time.perf_counter() - t0
             os.sched_setaffinity(0, {server_core})  # the raw insert runs on the server's core
             t0 = time.perf_counter()
-            raw.insert(rows)
+            for rows in raw_batches[first : first + chunk]:
+                raw.insert(rows)
             raw_s += time.perf_counter() - t0
             os.sched_setaffinity(0, {client_core})
     total = sum(map(len, raw_batches))
@@ -219,7 +250,7 @@ def measure(
             if name == "sqlite"
             else RawPostgres(urls[1])
         )
-        with collector(urls[0], Path(tmp), cores[0]) as base:
+        with collector(urls[0], Path(tmp), cores[0], analyzer=not args.no_analyzer) as base:
             http_rate, raw_rate = interleaved(base, raw, frames, raw_batches, cores)
             if round_ == 0:
                 best["heatmap_ms"] = heatmap_ms(base, args.ranks, args.steps)
@@ -244,6 +275,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--no-analyzer",
+        action="store_true",
+        help="run the collector without its streaming analyzer (ingest alone)",
+    )
     args = parser.parse_args()
     cores = (0, 1) if (os.cpu_count() or 1) > 1 else (0, 0)  # (server, client)
     os.sched_setaffinity(0, {cores[1]})
