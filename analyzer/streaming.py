@@ -151,26 +151,36 @@ class _JobStream:
         history = self.analysed[-(smooth - 1) :] if smooth > 1 else []
         recent = self.window.view([*history, *ready])
         scores = stragglers.score(recent, self.cfg.straggler, last=len(ready))
+        rows = slice(len(history), None)
+        with np.errstate(all="ignore"):
+            medians = robust.nanmedian(recent.step_time_s[rows], 1).tolist()
+        ends = recent.step_end_s[rows].tolist()
+        mfus = _job_mfu_per_row(recent, rows)
         out: list[schema.Finding] = []
         for i, step in enumerate(ready):
-            out.extend(self._analyse(step, scores.rows(i, i + 1)))
+            step_scores = scores.rows(i, i + 1)
+            out.extend(self._analyse(step, step_scores, medians[i], ends[i], mfus[i]))
         return out
 
-    def _analyse(self, step: int, scores: stragglers.Scores) -> list[schema.Finding]:
+    def _analyse(
+        self,
+        step: int,
+        scores: stragglers.Scores,
+        median_time: float,
+        end_s: float,
+        job_mfu: float,
+    ) -> list[schema.Finding]:
         self.analysed.append(step)
         self.num_analysed += 1
         if len(self.analysed) > self.window.capacity:
             del self.analysed[0]
-        one = self.window.view([step])
-        with np.errstate(all="ignore"):
-            median_time = float(robust.nanmedian(one.step_time_s, 1)[0])
-        self.hang.observe_step_time(step, float(one.step_end_s[0]), median_time)
+        self.hang.observe_step_time(step, end_s, median_time)
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
         if newly:
             out.extend(self._detect_window())
         out.extend(self._close_finished())
-        out.extend(self._mfu(step, one))
+        out.extend(self._mfu(step, job_mfu))
         if self.num_analysed % self.cfg.straggler.window == 0:
             out.extend(self._imbalance())
         return out
@@ -225,8 +235,7 @@ class _JobStream:
                 )
         return out
 
-    def _mfu(self, step: int, one: arrays_mod.StepArrays) -> list[schema.Finding]:
-        value = float(one.job_mfu()[0])
+    def _mfu(self, step: int, value: float) -> list[schema.Finding]:
         self.mfu_series.append(value)
         self.mfu_steps.append(step)
         keep = self.cfg.stream_window_steps
@@ -264,6 +273,18 @@ class _JobStream:
                 self.open[key] = finding
                 out.append(finding)
         return out
+
+
+def _job_mfu_per_row(a: arrays_mod.StepArrays, rows: slice) -> list[float]:
+    """`StepArrays.job_mfu()` of each row alone (its throughput fallback decided per row)."""
+    with np.errstate(all="ignore"):
+        mfu = np.nanmean(a.mfu[rows], axis=1, dtype=np.float64)
+        tokens = np.nansum(a.tokens[rows], axis=1, dtype=np.float64)
+        time = np.nanmax(a.step_time_s[rows], axis=1).astype(np.float64)
+        rate = np.where(time > 0, tokens / time, np.nan)
+    has_mfu = np.nan_to_num(mfu) > 0
+    values: list[float] = np.where(has_mfu, mfu, rate).tolist()
+    return values
 
 
 def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
