@@ -211,6 +211,37 @@ class CollectiveRecorder:
         if page is not None:
             page.finish_event(pending.index, end + self._wall)
 
+    def enter_wait(self, pending: _Pending) -> None:
+        """The training thread blocks in the wait of an asynchronous op launched earlier (a
+        Work's wait, a functional collective's wait_tensor): the progress page says it is in
+        that collective, as it does during a synchronous one, so a hang names the rank it waits
+        for. Other threads' waits are not the rank's position."""
+        page = self._page
+        if page is None or threading.get_ident() != self.training_thread:
+            return
+        try:
+            now = self._clock()
+            page.collective(
+                pending.group,
+                pending.seq,
+                pending.op,
+                entering=True,
+                now_mono=now,
+                now_wall=now + self._wall,
+            )
+        except Exception as exc:  # fail-open
+            self._on_error(exc)
+
+    def leave_wait(self, pending: _Pending) -> None:
+        page = self._page
+        if page is None or threading.get_ident() != self.training_thread:
+            return
+        try:
+            now = self._clock()
+            page.leave_collective(pending.group, pending.seq, pending.op, now, now + self._wall)
+        except Exception as exc:  # fail-open
+            self._on_error(exc)
+
     def wait_blocked(self, seconds: float) -> None:
         if threading.get_ident() == self.training_thread:
             self.blocked_s += seconds
@@ -373,13 +404,27 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -> None:
+    # Remembered while in flight for Work.wait, which marks the rank as in this collective
+    # while it blocks there (no reference to the Work: its buffers must not outlive it).
+    key = id(work)
+    if len(_waitable) >= _MAX_WAITABLE:  # a safety net: entries leave when their op completes
+        _waitable.pop(next(iter(_waitable)))
+    _waitable[key] = (recorder, pending)
+
+    def done(_f: Any) -> None:
+        _waitable.pop(key, None)
+        recorder.finish(pending, sync=False)
+
     try:
-        work.get_future().add_done_callback(lambda _f: recorder.finish(pending, sync=False))
+        work.get_future().add_done_callback(done)
     except Exception:  # a Work type without futures: completion is observed at wait()
-        _work_pending[id(work)] = (recorder, pending)
+        _work_pending[key] = (recorder, pending)
 
 
 _work_pending: dict[int, tuple[CollectiveRecorder, _Pending]] = {}
+# In-flight asynchronous ops by id(Work); bounded, oldest forgotten first.
+_MAX_WAITABLE = 4096
+_waitable: dict[int, tuple[CollectiveRecorder, _Pending]] = {}
 
 
 def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -390,12 +435,17 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
             # Inside a wrapped synchronous collective (it waits on its own Work): that time is
             # already the collective's; counting it here too would double the exposed wait.
             return original(self, *args, **kwargs)
+        waited = _waitable.get(id(self))
+        if waited is not None:
+            waited[0].enter_wait(waited[1])
         start = time.monotonic()
         try:
             return original(self, *args, **kwargs)
         finally:
             try:
                 recorder.wait_blocked(time.monotonic() - start)
+                if waited is not None:
+                    waited[0].leave_wait(waited[1])
                 pending = _work_pending.pop(id(self), None)
                 if pending is not None:
                     pending[0].finish(pending[1], sync=False)
@@ -436,6 +486,7 @@ def uninstall() -> None:
             setattr(dist, name, fn)
     _originals.clear()
     _work_pending.clear()
+    _waitable.clear()
 
 
 def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:

@@ -109,11 +109,13 @@ def _wrap_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
         if entry is None:
             return fn(tensor)
         recorder, pending = entry
+        recorder.enter_wait(pending)
         start = time.monotonic()
         try:
             return fn(tensor)
         finally:
             recorder.wait_blocked(time.monotonic() - start)
+            recorder.leave_wait(pending)
             recorder.finish(pending, sync=False)
 
     return wait_tensor

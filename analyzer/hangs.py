@@ -11,6 +11,7 @@ collective the others wait in. Pure: the caller supplies `now_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -78,6 +79,18 @@ def find_culprits(
                 frontier.append(waiting[member])
             else:
                 culprits.add(member)
+    blocked = {c for c in culprits if _ahead_of_idle(c, seqs, set(waiting))}
+    if blocked:
+        # A "culprit" that entered a collective some other non-waiting rank has not is itself
+        # blocked there, in a wait the SDK cannot see (FSDP2 and DTensor collectives are
+        # asynchronous): it is a victim. Without other candidates, positions name the rank
+        # behind everywhere.
+        if blocked == culprits:
+            behind = behind_everywhere(seqs)
+            if behind is not None:
+                return dataclasses.replace(behind, num_waiting=len(waiting))
+        else:
+            culprits -= blocked
     target = _deepest_wait(waits, culprits, seqs)
     if culprits:
         return Culprits(
@@ -99,6 +112,18 @@ def find_culprits(
         num_waiting=len(waiting),
         resolved=False,
     )
+
+
+def _ahead_of_idle(rank: int, seqs: dict[str, dict[int, int]], waiting: set[int]) -> bool:
+    """Has `rank` entered, in some group, a collective that a non-waiting peer has not?"""
+    for members in seqs.values():
+        mine = members.get(rank)
+        if mine is None:
+            continue
+        for peer, seq in members.items():
+            if peer != rank and peer not in waiting and seq < mine:
+                return True
+    return False
 
 
 def behind_everywhere(seqs: dict[str, dict[int, int]]) -> Culprits | None:

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from vigil import schema
 from vigil.agent import progress
@@ -139,3 +140,50 @@ def test_reads_are_consistent_while_another_thread_writes(tmp_path: Path) -> Non
     # Never a torn block: every reading pairs a step with its own time and tokens.
     assert all(s.step_time_s == 2.0 * s.step and s.tokens == s.step for s in seen if s.step > 0)
     assert len({s.step for s in seen}) > 3  # the writer really ran during the reads
+
+
+class _Work:
+    """A launched asynchronous op whose wait we can watch from inside."""
+
+    def __init__(self, on_wait: object) -> None:
+        self.future: torch.futures.Future[None] = torch.futures.Future()
+        self.on_wait = on_wait
+
+    def get_future(self) -> torch.futures.Future[None]:
+        return self.future
+
+    def wait(self) -> bool:
+        self.on_wait()  # type: ignore[operator]
+        return True
+
+
+def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_path: Path) -> None:
+    """FSDP2 and DTensor launch collectives asynchronously and block later in Work.wait or
+    wait_tensor: the page must say the rank is in that collective (a hang then names the rank
+    it waits for, not this one)."""
+    from vigil.agent import collectives
+
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    recorder = collectives.CollectiveRecorder(page=writer, step_of=lambda: 5, on_error=print)
+    pending = recorder.begin("all_gather_single", None, torch.ones(4), None, blocking=False)
+    writer.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=1e9, step=5)
+    seen: list[progress.PageSnapshot] = []
+    work = _Work(lambda: seen.append(reader.snapshot()))
+    collectives._on_completion(recorder, pending, work)
+    wait = collectives._wrap_wait(_Work.wait)
+    collectives._active = recorder
+    try:
+        wait(work)
+    finally:
+        collectives._active = None
+    inside, after = seen[0], reader.snapshot()
+    assert inside.state is schema.RankState.IN_COLLECTIVE
+    assert (inside.last_group, inside.last_seq, inside.last_op) == (
+        "world",
+        pending.seq,
+        "all_gather_single",
+    )
+    assert after.state is schema.RankState.COMPUTE
+    work.future.set_result(None)  # completion forgets the op: a later wait marks nothing
+    assert id(work) not in collectives._waitable

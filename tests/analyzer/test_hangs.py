@@ -107,3 +107,24 @@ def test_checkpointing_ranks_get_the_long_threshold_and_late_aggregates_keep_wai
     assert tracker.threshold_s() == pytest.approx(2.0)
     hang = tracker.check(152.0)
     assert hang is not None and hang.subjects.ranks == [1]
+
+
+def test_ranks_blocked_in_waits_the_sdk_cannot_see_are_victims_not_culprits() -> None:
+    """dp x tp after a migration (tp groups {0,1} and {2,3}, dp groups {0,2} and {1,3}): rank 1
+    hangs before step k. Rank 0 launched step k's tensor-parallel collective and blocks in its
+    asynchronous wait (not reported); rank 2 waits visibly in the dp collective rank 0 never
+    reached; rank 3 blocks invisibly too. The wait graph alone names rank 0, a victim."""
+    seqs = {
+        "tp01": {0: 40, 1: 39},
+        "tp23": {2: 41, 3: 41},
+        "dp02": {0: 20, 2: 21},
+        "dp13": {1: 20, 3: 21},
+    }
+    waits = [hangs.Wait(rank=2, group="dp02", seq=21, op="all_gather_single")]
+    culprits = hangs.find_culprits(waits, seqs, {0, 1, 2, 3})
+    assert culprits is not None and culprits.ranks == (1,)
+    assert culprits.num_waiting == 1
+    # With rank 0's wait visible as well, the wait graph reaches rank 1 directly.
+    waits.append(hangs.Wait(rank=0, group="tp01", seq=40, op="all_reduce"))
+    both = hangs.find_culprits(waits, seqs, {0, 1, 2, 3})
+    assert both is not None and both.ranks == (1,) and both.group == "tp01"
