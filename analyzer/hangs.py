@@ -202,16 +202,22 @@ class HangTracker:
     def last_progress_s(self) -> float:
         return self._last_progress_s
 
-    def observe_step_time(self, step: int, end_s: float, step_time_s: float) -> None:
+    def observe_step_time(
+        self, step: int, end_s: float, step_time_s: float, start_s: float | None = None
+    ) -> None:
         """A step completed (job-level: typically the median step time over its ranks)."""
         self._step_times.append(step_time_s)
-        self.observe_progress(step, end_s)
+        self.observe_progress(step, end_s, start_s)
 
-    def observe_progress(self, step: int, end_s: float) -> None:
+    def observe_progress(self, step: int, end_s: float, start_s: float | None = None) -> None:
+        """A step ended at `end_s` (`start_s`: when it started, if known)."""
         if end_s > self._last_progress_s:
             self._last_progress_s = end_s
         self._last_step = max(self._last_step, step)
-        if self._restarted_s is not None and end_s > self._restarted_s:
+        # The restart is over once a step of the new attempt ends: one that started after it
+        # (the old attempt's ranks may finish a step while they are being stopped).
+        restarted = self._restarted_s
+        if restarted is not None and end_s > restarted and (start_s is None or start_s > restarted):
             self._restarted_s = None
 
     def restarting(self, now_s: float) -> None:

@@ -93,7 +93,9 @@ class _JobStream:
             if self.next_step < 0:
                 self.next_step = int(numbers.min())
             # Progress is any step ending, whether or not its step has been analysed yet.
-            self.hang.observe_progress(batch_newest, latest_end)
+            self.hang.observe_progress(
+                batch_newest, latest_end, float(steps.column("start_s").max())
+            )
         out.extend(self._analyse_ready())
         if newest_beat and not self.job_done:
             hang = self.hang.check(newest_beat)
@@ -155,11 +157,12 @@ class _JobStream:
         with np.errstate(all="ignore"):
             medians = robust.nanmedian(recent.step_time_s[rows], 1).tolist()
         ends = recent.step_end_s[rows].tolist()
+        starts = recent.step_start_s[rows].tolist()
         mfus = _job_mfu_per_row(recent, rows)
         out: list[schema.Finding] = []
         for i, step in enumerate(ready):
             step_scores = scores.rows(i, i + 1)
-            out.extend(self._analyse(step, step_scores, medians[i], ends[i], mfus[i]))
+            out.extend(self._analyse(step, step_scores, medians[i], (starts[i], ends[i]), mfus[i]))
         return out
 
     def _analyse(
@@ -167,14 +170,14 @@ class _JobStream:
         step: int,
         scores: stragglers.Scores,
         median_time: float,
-        end_s: float,
+        span_s: tuple[float, float],
         job_mfu: float,
     ) -> list[schema.Finding]:
         self.analysed.append(step)
         self.num_analysed += 1
         if len(self.analysed) > self.window.capacity:
             del self.analysed[0]
-        self.hang.observe_step_time(step, end_s, median_time)
+        self.hang.observe_step_time(step, span_s[1], median_time, span_s[0])
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
         if newly:

@@ -40,6 +40,17 @@ def test_the_silence_of_a_restart_is_not_a_hang() -> None:
     assert finding is not None and finding.kind is schema.FindingKind.HANG
 
 
+def test_a_step_the_old_attempt_finishes_while_stopping_does_not_end_the_warm_up() -> None:
+    tracker = _tracker()
+    last = 100.0 + 19 * 0.25
+    tracker.restarting(last + 0.5)
+    # Started before the restart, ended just after it: the old ranks, not the new attempt.
+    tracker.observe_progress(20, last + 0.6, start_s=last + 0.2)
+    assert tracker.check(last + 10.0) is None  # still the warm-up threshold
+    tracker.observe_progress(20, last + 12.0, start_s=last + 11.5)  # the new attempt's step
+    assert tracker.check(last + 20.0) is not None
+
+
 def test_restart_forgets_positions_of_the_previous_attempt() -> None:
     tracker = _tracker()
     tracker.observe_seq(0, "world", 500, "all_reduce")
