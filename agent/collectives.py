@@ -409,22 +409,22 @@ def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -
     key = id(work)
     if len(_waitable) >= _MAX_WAITABLE:  # a safety net: entries leave when their op completes
         _waitable.pop(next(iter(_waitable)))
-    _waitable[key] = (recorder, pending)
 
     def done(_f: Any) -> None:
         _waitable.pop(key, None)
         recorder.finish(pending, sync=False)
 
+    _waitable[key] = (recorder, pending, False)  # before: a done future calls back at once
     try:
         work.get_future().add_done_callback(done)
     except Exception:  # a Work type without futures: completion is observed at wait()
-        _work_pending[key] = (recorder, pending)
+        _waitable[key] = (recorder, pending, True)
 
 
-_work_pending: dict[int, tuple[CollectiveRecorder, _Pending]] = {}
-# In-flight asynchronous ops by id(Work); bounded, oldest forgotten first.
+# In-flight asynchronous ops by id(Work): (recorder, op, whether its wait() completes it).
+# Bounded, oldest forgotten first.
 _MAX_WAITABLE = 4096
-_waitable: dict[int, tuple[CollectiveRecorder, _Pending]] = {}
+_waitable: dict[int, tuple[CollectiveRecorder, _Pending, bool]] = {}
 
 
 def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -445,10 +445,11 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 recorder.wait_blocked(time.monotonic() - start)
                 if waited is not None:
-                    waited[0].leave_wait(waited[1])
-                pending = _work_pending.pop(id(self), None)
-                if pending is not None:
-                    pending[0].finish(pending[1], sync=False)
+                    owner, pending, finish_here = waited
+                    owner.leave_wait(pending)
+                    if finish_here:
+                        _waitable.pop(id(self), None)
+                        owner.finish(pending, sync=False)
             except Exception as exc:
                 recorder._on_error(exc)
 
@@ -485,7 +486,6 @@ def uninstall() -> None:
         else:
             setattr(dist, name, fn)
     _originals.clear()
-    _work_pending.clear()
     _waitable.clear()
 
 
@@ -496,20 +496,20 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     tensor = bucket.buffer()
     group = process_group if process_group is not None else dist.group.WORLD
     tensor.div_(group.size())
+    recorder, pending = _active, None
+    if recorder is not None:
+        try:
+            pending = recorder.begin("all_reduce", group, tensor, None, blocking=False)
+        except Exception as exc:  # fail-open: the all-reduce goes on untimed
+            recorder._on_error(exc)
     all_reduce = _originals.get("all_reduce", dist.all_reduce)
-    recorder = _active
-    if recorder is None:
-        fut = all_reduce(tensor, group=group, async_op=True).get_future()
-        return fut.then(_reduced)
-    try:
-        pending = recorder.begin("all_reduce", group, tensor, None, blocking=False)
-    except Exception as exc:
-        recorder._on_error(exc)
-        return all_reduce(tensor, group=group, async_op=True).get_future().then(_reduced)
     fut = all_reduce(tensor, group=group, async_op=True).get_future()
+    if recorder is None or pending is None:
+        return fut.then(_reduced)
+    timed_by, op = recorder, pending
 
     def done(f: Any) -> Any:
-        recorder.finish(pending, sync=False)  # fail-open: finish never raises
+        timed_by.finish(op, sync=False)  # fail-open: finish never raises
         return f.value()[0]
 
     return fut.then(done)

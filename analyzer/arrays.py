@@ -86,14 +86,26 @@ class StepArrays:
 
     def job_mfu(self) -> npt.NDArray[np.float64]:
         """Per-step MFU of the job (mean over ranks); falls back to throughput when MFU is 0."""
+        mfu = self._mean_mfu()
+        return mfu if np.nansum(mfu) > 0 else self._throughput()
+
+    def step_mfu(self) -> npt.NDArray[np.float64]:
+        """`job_mfu()` of each step alone (the throughput fallback decided step by step)."""
+        mfu = self._mean_mfu()
+        values: npt.NDArray[np.float64] = np.where(np.nan_to_num(mfu) > 0, mfu, self._throughput())
+        return values
+
+    def _mean_mfu(self) -> npt.NDArray[np.float64]:
         with np.errstate(all="ignore"):
             mfu: npt.NDArray[np.float64] = np.nanmean(self.mfu, axis=1, dtype=np.float64)
-            if np.nansum(mfu) > 0:
-                return mfu
+        return mfu
+
+    def _throughput(self) -> npt.NDArray[np.float64]:
+        with np.errstate(all="ignore"):
             tokens = np.nansum(self.tokens, axis=1, dtype=np.float64)
             time = np.nanmax(self.step_time_s, axis=1).astype(np.float64)
             rate: npt.NDArray[np.float64] = np.where(time > 0, tokens / time, np.nan)
-            return rate
+        return rate
 
 
 def stages_for_layout(

@@ -66,18 +66,9 @@ def drop_flags(
 
 
 def newest_is_drop(series: F64, cfg: config_mod.MfuConfig) -> bool:
-    """`drop_flags(series, cfg)[0][-1]`, computing only the newest window (streaming)."""
-    b, r = cfg.baseline_steps, cfg.recent_steps
-    if series.size < b + r:
-        return False
-    window = series[-(b + r) :]
-    with np.errstate(all="ignore"):
-        base = float(robust.nanmedian(window[:b], 0))
-        mad = float(robust.nanmedian(np.abs(window[:b] - base), 0))
-        recent = float(robust.nanmedian(window[b:], 0))
-        scale = max(robust.MAD_TO_SIGMA * mad, 1e-3 * abs(base)) * 1.25 / np.sqrt(r)
-        score = (base - recent) / scale
-    return bool(recent < base * (1.0 - cfg.min_drop) and score > cfg.z_threshold)
+    """`drop_flags(series, cfg)[0][-1]`, testing only the newest window (streaming)."""
+    span = cfg.baseline_steps + cfg.recent_steps
+    return series.size >= span and bool(drop_flags(series[-span:], cfg)[0][-1])
 
 
 def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:

@@ -158,7 +158,7 @@ class _JobStream:
             medians = robust.nanmedian(recent.step_time_s[rows], 1).tolist()
         ends = recent.step_end_s[rows].tolist()
         starts = recent.step_start_s[rows].tolist()
-        mfus = _job_mfu_per_row(recent, rows)
+        mfus = recent.step_mfu()[rows].tolist()
         out: list[schema.Finding] = []
         for i, step in enumerate(ready):
             step_scores = scores.rows(i, i + 1)
@@ -276,18 +276,6 @@ class _JobStream:
                 self.open[key] = finding
                 out.append(finding)
         return out
-
-
-def _job_mfu_per_row(a: arrays_mod.StepArrays, rows: slice) -> list[float]:
-    """`StepArrays.job_mfu()` of each row alone (its throughput fallback decided per row)."""
-    with np.errstate(all="ignore"):
-        mfu = np.nanmean(a.mfu[rows], axis=1, dtype=np.float64)
-        tokens = np.nansum(a.tokens[rows], axis=1, dtype=np.float64)
-        time = np.nanmax(a.step_time_s[rows], axis=1).astype(np.float64)
-        rate = np.where(time > 0, tokens / time, np.nan)
-    has_mfu = np.nan_to_num(mfu) > 0
-    values: list[float] = np.where(has_mfu, mfu, rate).tolist()
-    return values
 
 
 def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
