@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections import defaultdict
 from collections.abc import Sequence
 
 import msgspec
@@ -59,15 +58,14 @@ class _JobStream:
     def feed(
         self, batch: Sequence[schema.Record], steps: columns.StepColumns | None = None
     ) -> list[schema.Finding]:
-        """One batch of this job's records; `steps`: its step records as columns, if built."""
+        """One batch of this job's records; `steps`: all its step records as columns, if
+        built (step records in `batch` are then skipped)."""
         step_type, agg_type, beat_type = (
             schema.StepRecord,
             schema.CollectiveAggregate,
             schema.Heartbeat,
         )
-        rest: Sequence[schema.Record] = ()
-        if steps is None or len(steps) < len(batch):
-            rest = [r for r in batch if type(r) is not step_type and type(r) in _READ]
+        rest = [r for r in batch if type(r) is not step_type and type(r) in _READ]
         if steps is None:
             steps = columns.from_records([r for r in batch if type(r) is step_type])
         aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
@@ -318,23 +316,26 @@ class StreamingAnalyzer:
     def observe(
         self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
     ) -> Sequence[schema.Finding]:
-        """Take one committed batch (any record types; `steps`: its step records as columns,
-        row for row, when the caller built them); return new or updated findings."""
+        """Take one committed batch (any record types; `steps`: all its step records as
+        columns, when the caller built them: step records in `records` are then skipped);
+        return new or updated findings."""
         by_job: dict[str, Sequence[schema.Record]]
         try:
             jobs = set(map(_JOB_ID, records))
         except AttributeError:  # a record type without a job (DiagResult)
             jobs = {getattr(r, "job_id", "") for r in records}
+        if steps is not None:
+            jobs |= steps.jobs()
         jobs.discard("")
         if len(jobs) == 1:  # the common case: one sender's batch (feed skips other types)
             by_job = {jobs.pop(): records}
         else:
-            grouped: dict[str, list[schema.Record]] = defaultdict(list)
+            grouped: dict[str, list[schema.Record]] = {job: [] for job in sorted(jobs)}
             for record in records:
                 job = getattr(record, "job_id", "")
                 if job and type(record) in _READ:
                     grouped[job].append(record)
-            by_job = dict(grouped)
+            by_job = grouped
         out: list[schema.Finding] = []
         for job, batch in by_job.items():
             stream = self._jobs.get(job)

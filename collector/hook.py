@@ -26,7 +26,8 @@ class StreamAnalyzer(Protocol):
         self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
     ) -> Sequence[schema.Finding]:
         """See one committed batch (all record types; `steps`: its step records as columns,
-        when the collector built them); return findings to store."""
+        when the collector built them, and then the only source of step records: those that
+        came as a columnar block are not in `records`); return findings to store."""
         ...
 
 

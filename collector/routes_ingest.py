@@ -42,20 +42,23 @@ def _error(
 
 
 def _decode(ctx: CollectorContext, body: bytes) -> tuple[schema.Batch, validate.Checked]:
-    batch = codec.decode_batch(
+    batch, steps = codec.decode_frame(
         body,
         max_bytes=ctx.settings.max_batch_bytes,
         max_records=ctx.settings.max_batch_records,
     )
     # Checked inside the store's transaction (step records while the database digests them).
-    return batch, validate.prepare_batch(batch.records)
+    return batch, validate.prepare_batch(batch.records, steps)
 
 
-def _refused(ctx: CollectorContext, batch: schema.Batch, exc: Exception) -> Response:
+def _refused(
+    ctx: CollectorContext, batch: schema.Batch, checked: validate.Checked, exc: Exception
+) -> Response:
     """A value the store refused before the checks reached it (e.g. an integer the driver
     cannot send): name the record and field when the checks can, else say the store refused."""
     try:
-        validate.check_batch(batch.records)
+        for cls, group in checked.groups.items():
+            validate.verify_group(cls, group, checked.rows.get(cls), checked.steps)
     except codec.DecodeError as found:
         return _error(ctx, 422, "decode", str(found))
     log.error("store refused batch %s: %s", batch.batch_id, exc)
@@ -139,7 +142,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
         psycopg.DataError,
         psycopg.IntegrityError,
     ) as exc:
-        return _refused(ctx, batch, exc)
+        return _refused(ctx, batch, checked, exc)
     except (DBAPIError, TimeoutError, psycopg.Error) as exc:  # locked, down: the sender retries
         log.warning("store unavailable for batch %s: %s", batch.batch_id, exc)
         detail = f"Batch.<store>: store busy or unavailable, retry ({type(exc).__name__})"

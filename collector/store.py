@@ -105,10 +105,12 @@ class Store:
 
     def ingest(self, batch: schema.Batch, checked: validate.Checked | None = None) -> IngestResult:
         """Store a decoded batch exactly once; a batch id seen before is a no-op duplicate.
-        `checked`: `validate.check_batch` or `validate.prepare_batch` of `batch.records`, reused
-        rather than rebuilt; an unverified batch is verified inside the transaction, so a bad
+        `checked`: `validate.check_batch` or `validate.prepare_batch` of `batch.records` (and of
+        the batch's columnar step records, which only `checked` carries), reused rather than
+        rebuilt; an unverified batch is verified inside the transaction, so a bad
         record raises `DecodeError` and nothing is stored."""
         received_s = self.clock()
+        count = len(batch.records) if checked is None else checked.count
         with self.write() as conn:
             fresh = dialects.insert_ignore(
                 conn,
@@ -116,7 +118,7 @@ class Store:
                 {
                     "batch_id": batch.batch_id,
                     "received_s": received_s,
-                    "num_records": len(batch.records),
+                    "num_records": count,
                     "source": batch.source,
                 },
             )
@@ -126,12 +128,10 @@ class Store:
                 else None
             )
         if written is None:
-            return IngestResult(
-                batch_id=batch.batch_id, accepted=len(batch.records), duplicate=True
-            )
+            return IngestResult(batch_id=batch.batch_id, accepted=count, duplicate=True)
         return IngestResult(
             batch_id=batch.batch_id,
-            accepted=len(batch.records),
+            accepted=count,
             duplicate=False,
             counts=written.counts,
             steps=written.steps,

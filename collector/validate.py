@@ -84,15 +84,24 @@ def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable
 @dataclass(frozen=True, kw_only=True)
 class Checked:
     """A batch's records grouped by type (in record order) and the field tuples
-    (`msgspec.structs.astuple`) of the groups the store bulk-writes, built once. `verified`:
-    every group passed `verify_group` (then `steps` holds the step records as columns); a
-    `prepare_batch` result is not verified yet, and the store verifies each group before it
-    commits (step records while the database digests them)."""
+    (`msgspec.structs.astuple`) of the groups the store bulk-writes, built once. Step records
+    that came as a columnar block have no record objects: their group may be empty while their
+    rows (after those of any step records) and `steps` hold them. `verified`: every group
+    passed `verify_group`; a `prepare_batch` result is not verified yet, and the store verifies
+    each group before it commits (step records while the database digests them)."""
 
     groups: dict[type, list[Any]]
     rows: dict[type, list[tuple[Any, ...]]]
     steps: columns.StepColumns | None = None
     verified: bool = True
+
+    @property
+    def count(self) -> int:
+        """How many records the batch holds, block rows included."""
+        return sum(
+            len(self.rows[cls]) if cls is schema.StepRecord else len(group)
+            for cls, group in self.groups.items()
+        )
 
 
 def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
@@ -106,26 +115,40 @@ def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
     return dict(by_type)
 
 
-def prepare_batch(records: Sequence[schema.Record]) -> Checked:
-    """Group and tuple a batch without checking it (see `Checked.verified`)."""
+def prepare_batch(
+    records: Sequence[schema.Record], block: columns.StepColumns | None = None
+) -> Checked:
+    """Group and tuple a batch without checking it (see `Checked.verified`); `block`: the
+    batch's columnar step records (`codec.decode_frame`), if it had any."""
     groups = group_records(records)
     rows = {
         cls: list(map(_astuple, group))
         for cls, group in groups.items()
         if cls is schema.StepRecord or not _PLANS[cls].nested
     }
-    return Checked(groups=groups, rows=rows, verified=False)
+    steps = None
+    if block is not None:
+        step_rows = rows.get(schema.StepRecord, [])
+        groups.setdefault(schema.StepRecord, [])
+        rows[schema.StepRecord] = step_rows + columns.rows(block)
+        # Columns of record objects and block together are rebuilt from the rows.
+        steps = None if step_rows else block
+    return Checked(groups=groups, rows=rows, steps=steps, verified=False)
 
 
 def verify_group(
-    cls: type, group: list[Any], rows: list[tuple[Any, ...]] | None
+    cls: type,
+    group: list[Any],
+    rows: list[tuple[Any, ...]] | None,
+    steps: columns.StepColumns | None = None,
 ) -> columns.StepColumns | None:
     """Raise DecodeError for the first record of `group` (all of type `cls`; `rows` their
-    tuples, if built) the store could not hold faithfully; step records return their columns."""
+    tuples, if built; `steps` their columns, if built) the store could not hold faithfully;
+    step records return their columns."""
     plan = _PLANS[cls]
-    steps = None
     if cls is schema.StepRecord:
-        steps = columns.from_rows(rows if rows is not None else list(map(_astuple, group)))
+        if steps is None:
+            steps = columns.from_rows(rows if rows is not None else list(map(_astuple, group)))
         if _steps_ok(steps):
             return steps
     elif rows is not None and _fast_ok(plan, rows):
@@ -134,15 +157,19 @@ def verify_group(
     # look at each record and name the first bad field.
     for record in group:
         _check_value(cls.__name__, "", msgspec.structs.asdict(record))
+    if steps is not None:  # block rows have no record objects: name the bad cell
+        _check_step_columns(steps)
     return steps
 
 
-def check_batch(records: Sequence[schema.Record]) -> Checked:
+def check_batch(
+    records: Sequence[schema.Record], block: columns.StepColumns | None = None
+) -> Checked:
     """Raise DecodeError for the first record the store could not hold faithfully."""
-    prepared = prepare_batch(records)
+    prepared = prepare_batch(records, block)
     steps = None
     for cls, group in prepared.groups.items():
-        found = verify_group(cls, group, prepared.rows.get(cls))
+        found = verify_group(cls, group, prepared.rows.get(cls), prepared.steps)
         if found is not None:
             steps = found
     return Checked(groups=prepared.groups, rows=prepared.rows, steps=steps)
@@ -152,6 +179,8 @@ _STEP_FIELDS = schema.StepRecord.__struct_fields__
 _STEP_PLAN = _PLANS[schema.StepRecord]
 _STEP_FLOATS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.floats]
 _STEP_INTS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.ints]
+_STEP_FLOAT_NAMES = [_STEP_FIELDS[i] for i in _STEP_PLAN.floats]
+_STEP_INT_NAMES = [_STEP_FIELDS[i] for i in _STEP_PLAN.ints]
 assert [_STEP_FIELDS[i] for i in _STEP_PLAN.strings] == ["job_id"], "step text: job_id only"
 
 
@@ -167,6 +196,36 @@ def _steps_ok(steps: columns.StepColumns) -> bool:
     if steps.column("rank").max(initial=0) > MAX_RANK:
         return False
     return "\x00" not in "".join(steps.job_ids)
+
+
+def _check_step_columns(steps: columns.StepColumns) -> None:
+    """Name the first cell of step columns `_steps_ok` refuses (none: it was a false alarm)."""
+    values = steps.values
+    for position, name in zip(_STEP_FLOATS, _STEP_FLOAT_NAMES, strict=True):
+        bad = np.flatnonzero(~np.isfinite(values[:, position]))
+        if bad.size:
+            i = int(bad[0])
+            problem = f"record {i}: must be a finite number, got {values[i, position]}"
+            raise DecodeError("StepRecord", name, problem)
+    for position, name in zip(_STEP_INTS, _STEP_INT_NAMES, strict=True):
+        bad = np.flatnonzero(np.abs(values[:, position]) >= float(INT64_MAX))
+        if bad.size:
+            raise DecodeError(
+                "StepRecord", name, f"record {int(bad[0])}: does not fit in a signed 64-bit integer"
+            )
+    ranks = np.flatnonzero(steps.column("rank") > MAX_RANK)
+    if ranks.size:
+        i = int(ranks[0])
+        raise DecodeError(
+            "StepRecord",
+            "rank",
+            f"record {i}: rank {int(steps.column('rank')[i])} exceeds the collector's limit "
+            f"of {MAX_RANK}",
+        )
+    for i, job in enumerate(steps.job_ids):
+        if "\x00" in job:
+            problem = f"record {i}: must not contain NUL characters"
+            raise DecodeError("StepRecord", "job_id", problem)
 
 
 def _fast_ok(plan: _Plan, rows: list[tuple[Any, ...]]) -> bool:

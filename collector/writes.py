@@ -53,8 +53,9 @@ def write_records(
 ) -> Written:
     """Store every record of one batch (the caller's transaction makes it all-or-nothing).
     `checked`: `validate.check_batch(records)` or `validate.prepare_batch(records)`, whose
-    groups and tuples are reused; an unverified batch is verified here, group by group, and a
-    `DecodeError` aborts the write (step records are verified while the database digests them)."""
+    groups and tuples are reused (and which carry the batch's columnar step records, if any);
+    an unverified batch is verified here, group by group, and a `DecodeError` aborts the write
+    (step records are verified while the database digests them)."""
     if checked is None:
         checked = validate.prepare_batch(records)
     elif sum(map(len, checked.groups.values())) != len(records):
@@ -68,7 +69,10 @@ def write_records(
         if not checked.verified:
             validate.verify_group(record_type, group, rows)
         _WRITERS[record_type](conn, group, received_s, rows)
-    return Written(counts={_TAGS[t]: len(g) for t, g in checked.groups.items()}, steps=steps)
+    counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
+    if schema.StepRecord in checked.groups:  # block rows have no record objects
+        counts[_TAGS[schema.StepRecord]] = len(checked.rows[schema.StepRecord])
+    return Written(counts=counts, steps=steps)
 
 
 Rows = list[tuple[Any, ...]] | None
@@ -92,12 +96,12 @@ def _steps(
     tuples = _tuples(records, rows)
     prepared: list[matrix.Prepared] = []
     if verify and conn.dialect.name != dialects.POSTGRESQL:  # no idle slot: verify up front
-        steps, verify = validate.verify_group(schema.StepRecord, records, tuples), False
+        steps, verify = validate.verify_group(schema.StepRecord, records, tuples, steps), False
 
     def meanwhile() -> None:
         cols = steps
         if verify:
-            cols = validate.verify_group(schema.StepRecord, records, tuples)
+            cols = validate.verify_group(schema.StepRecord, records, tuples, steps)
         prepared.append(matrix.prepare(conn, tuples, cols))
 
     dialects.bulk_write(

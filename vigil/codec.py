@@ -1,6 +1,8 @@
 """The one codec every vigil part uses: msgpack batches (optionally zstd-compressed) and JSON lines.
 
 A batch frame is `MAGIC + flags byte + payload`, the payload being a msgpack `schema.Batch`.
+Step records travel as one columnar `schema.StepBlock` (schema v2): `decode_frame` hands them
+on as `vigil.columns.StepColumns` (the collector's path), `decode_batch` as records.
 Decoding is bounded (compressed size, decompressed size, record count) and every failure raises
 `DecodeError`, which names the record type, the field and the problem. No I/O happens here.
 """
@@ -16,7 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 import zstandard
 
-from vigil import schema
+from vigil import columns, schema
 
 MAGIC = b"VGL"
 FLAG_ZSTD = 0x01
@@ -62,13 +64,22 @@ def encode_batch(
     compress: bool = True,
     sent_s: float | None = None,
 ) -> bytes:
-    """Frame `records` into one batch; `batch_id` defaults to a fresh one."""
+    """Frame `records` into one batch; `batch_id` defaults to a fresh one. Step records go
+    into the columnar block (unless one holds an integer too large for it)."""
+    rest = list(records)
+    block = None
+    step_records = [r for r in rest if type(r) is schema.StepRecord]
+    if step_records:
+        block = columns.to_block(step_records)
+        if block is not None:
+            rest = [r for r in rest if type(r) is not schema.StepRecord]
     batch = schema.Batch(
         v=schema.SCHEMA_VERSION,
         batch_id=batch_id or new_batch_id(),
         sent_s=time.time() if sent_s is None else sent_s,
         source=source,
-        records=list(records),
+        records=rest,
+        steps=block,
     )
     payload = _msgpack_encoder.encode(batch)
     if compress:
@@ -84,7 +95,29 @@ def decode_batch(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     max_records: int = DEFAULT_MAX_RECORDS,
 ) -> schema.Batch:
-    """Decode one frame from `encode_batch`; raises DecodeError on anything malformed."""
+    """Decode one frame from `encode_batch`, step records included in `records` (after the
+    others); raises DecodeError on anything malformed."""
+    batch, steps = decode_frame(
+        data,
+        max_bytes=max_bytes,
+        max_decompressed_bytes=max_decompressed_bytes,
+        max_records=max_records,
+    )
+    if steps is not None:
+        batch.records.extend(columns.to_records(steps))
+        batch.steps = None
+    return batch
+
+
+def decode_frame(
+    data: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_records: int = DEFAULT_MAX_RECORDS,
+) -> tuple[schema.Batch, columns.StepColumns | None]:
+    """Decode one frame, leaving its step block as checked columns (None: no block) rather
+    than building a record per step; raises DecodeError on anything malformed."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError("Batch", "<frame>", f"expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
@@ -103,13 +136,21 @@ def decode_batch(
         batch = _batch_decoder.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _explain(payload, exc) from exc
-    if batch.v != schema.SCHEMA_VERSION:
+    if batch.v not in schema.SUPPORTED_VERSIONS:
         raise _wrong_version(batch.v)
-    if len(batch.records) > max_records:
-        raise DecodeError(
-            "Batch", "records", f"{len(batch.records)} records exceeds the {max_records} limit"
-        )
-    return batch
+    steps = None
+    count = len(batch.records)
+    if batch.steps is not None:
+        # Bounded before unpacking: 8 bytes per value, at least the required columns.
+        count += len(batch.steps.values) // (8 * max(len(batch.steps.fields), 1))
+    if count > max_records:
+        raise DecodeError("Batch", "records", f"{count} records exceeds the {max_records} limit")
+    if batch.steps is not None:
+        try:
+            steps = columns.from_block(batch.steps)
+        except columns.BlockError as exc:
+            raise DecodeError("StepRecord", exc.field, exc.problem) from exc
+    return batch, steps
 
 
 def _decompress(payload: bytes, limit: int) -> bytes:
@@ -147,7 +188,8 @@ def _wrong_version(version: object) -> DecodeError:
     return DecodeError(
         "Batch",
         "v",
-        f"schema version {version!r} is not supported (this vigil speaks {schema.SCHEMA_VERSION})",
+        f"schema version {version!r} is not supported (this vigil speaks "
+        f"{', '.join(map(str, sorted(schema.SUPPORTED_VERSIONS)))})",
     )
 
 
@@ -161,7 +203,8 @@ def _explain(payload: bytes, exc: Exception) -> DecodeError:
         raw = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError:
         raw = None
-    if isinstance(raw, dict) and raw.get("v", schema.SCHEMA_VERSION) != schema.SCHEMA_VERSION:
+    version = raw.get("v", schema.SCHEMA_VERSION) if isinstance(raw, dict) else None
+    if isinstance(raw, dict) and version not in schema.SUPPORTED_VERSIONS:
         return _wrong_version(raw.get("v"))
     match = _PATH_RE.match(path)
     if match is None:

@@ -3,11 +3,17 @@
 Each Python-level pass over a batch of 8,192 step records costs milliseconds. The collector's
 checks, its heatmap patch and the streaming analyzer's window all read the same numeric fields,
 so a batch is converted once (`from_rows`) and the arrays are handed on. Integer fields are exact
-up to 2**53 as float64 (ranks, steps and token counts are far below). Pure; numpy only.
+up to 2**53 as float64 (ranks, steps and token counts are far below).
+
+The wire's columnar step block (`schema.StepBlock`) is these columns packed: `to_block` packs
+records, `from_block` checks a received block against StepRecord's constraints and unpacks it
+without a Python-level pass; `rows` and `to_records` turn columns back into field tuples or
+records. Pure; numpy only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -26,20 +32,53 @@ NUMERIC: tuple[str, ...] = tuple(f for f in FIELDS if f not in ("job_id", "loss"
 _INDEX = {name: i for i, name in enumerate(NUMERIC)}
 _JOB = FIELDS.index("job_id")
 _PICK = itemgetter(*(FIELDS.index(f) for f in NUMERIC))
+# Fields a block must carry (the others have defaults), and the integer ones.
+REQUIRED: tuple[str, ...] = tuple(
+    f.name for f in msgspec.structs.fields(schema.StepRecord) if f.required and f.name in _INDEX
+)
+_DEFAULTS = np.array(
+    [
+        0.0 if f.required else float(f.default)
+        for f in msgspec.structs.fields(schema.StepRecord)
+        if f.name in _INDEX
+    ]
+)
+INTEGERS: tuple[str, ...] = tuple(
+    f.name
+    for f in msgspec.structs.fields(schema.StepRecord)
+    if f.name in _INDEX and f.type in (int, schema.NonNegInt)
+)
+_INT_COLS = [_INDEX[f] for f in INTEGERS]
+EXACT_LIMIT = 2.0**53  # float64 holds every whole number below this exactly
+
+
+class BlockError(ValueError):
+    """A step block that breaks StepRecord's constraints: names the field and the record."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"StepRecord.{field}: {problem}")
 
 
 @dataclass(frozen=True, eq=False)
 class StepColumns:
-    """`values[i, j]`: field NUMERIC[j] of record i (record order); `job_ids[i]` its job."""
+    """`values[i, j]`: field NUMERIC[j] of record i (record order); `job_ids[i]` its job;
+    `loss[i]` its loss (NaN: unknown) when the columns carry it (those unpacked from a block)."""
 
     values: npt.NDArray[np.float64]
     job_ids: list[str]
+    loss: npt.NDArray[np.float64] | None = None
 
     def __post_init__(self) -> None:
         if self.values.shape != (len(self.job_ids), len(NUMERIC)):
             raise ValueError(
                 f"step columns: values shaped {self.values.shape}, expected "
                 f"({len(self.job_ids)}, {len(NUMERIC)})"
+            )
+        if self.loss is not None and self.loss.shape != (len(self.job_ids),):
+            raise ValueError(
+                f"step columns: loss shaped {self.loss.shape}, expected ({len(self)},)"
             )
 
     def __len__(self) -> int:
@@ -59,7 +98,9 @@ class StepColumns:
             return self
         mask = np.fromiter((j == job_id for j in self.job_ids), dtype=bool, count=len(self))
         return StepColumns(
-            values=self.values[mask], job_ids=[j for j in self.job_ids if j == job_id]
+            values=self.values[mask],
+            job_ids=[j for j in self.job_ids if j == job_id],
+            loss=None if self.loss is None else self.loss[mask],
         )
 
 
@@ -78,3 +119,119 @@ def from_records(records: Sequence[schema.StepRecord]) -> StepColumns:
 def index(name: str) -> int:
     """Position of a NUMERIC field in `StepColumns.values`."""
     return _INDEX[name]
+
+
+def losses(records: Sequence[schema.StepRecord]) -> npt.NDArray[np.float64]:
+    """Each record's loss, NaN where unknown."""
+    return np.array([r.loss for r in records], dtype=np.float64).reshape(len(records))
+
+
+def to_block(records: Sequence[schema.StepRecord]) -> schema.StepBlock | None:
+    """Step records packed as one wire block; None when a value cannot travel exactly as float64
+    (an integer field at or above 2**53: the caller then sends the records as they are)."""
+    cols = from_records(records)
+    ints = cols.values[:, _INT_COLS]
+    if ints.size and not (ints < EXACT_LIMIT).all():
+        return None
+    job_ids = list(dict.fromkeys(cols.job_ids))
+    if len(job_ids) == 1:
+        jobs = np.zeros(len(cols), dtype="<u4")
+    else:
+        index = {job: i for i, job in enumerate(job_ids)}
+        jobs = np.fromiter(map(index.__getitem__, cols.job_ids), dtype="<u4", count=len(cols))
+    return schema.StepBlock(
+        fields=list(NUMERIC),
+        job_ids=job_ids,
+        jobs=jobs.tobytes(),
+        values=cols.values.astype("<f8").tobytes(),
+        loss=losses(records).astype("<f8").tobytes(),
+    )
+
+
+def from_block(block: schema.StepBlock) -> StepColumns:
+    """Unpack a received block, checked against StepRecord's constraints (every number >= 0,
+    integer fields whole, end_s >= start_s); raises BlockError naming field and record."""
+    fields = block.fields
+    unknown = sorted(set(fields) - set(NUMERIC))
+    if unknown:
+        known = ", ".join(NUMERIC)
+        raise BlockError(unknown[0], f"not a numeric StepRecord field (fields: {known})")
+    if len(set(fields)) != len(fields):
+        raise BlockError("<block>", "fields lists a field twice")
+    missing = [f for f in REQUIRED if f not in fields]
+    if missing:
+        raise BlockError(missing[0], "required, but the block has no such column")
+    width = len(fields)
+    if len(block.values) % (8 * width):
+        raise BlockError("<block>", f"values: {len(block.values)} bytes is not whole records")
+    n = len(block.values) // (8 * width)
+    packed = np.frombuffer(block.values, dtype="<f8").reshape(n, width)
+    if list(fields) == list(NUMERIC):
+        values = packed.astype(np.float64)  # a writable copy in native order
+    else:
+        values = np.tile(_DEFAULTS, (n, 1))
+        values[:, [_INDEX[f] for f in fields]] = packed
+    if len(block.jobs) != 4 * n:
+        raise BlockError("job_id", f"jobs: {len(block.jobs)} bytes for {n} records (4 each)")
+    jobs = np.frombuffer(block.jobs, dtype="<u4")
+    if n and int(jobs.max()) >= len(block.job_ids):
+        first = int(np.argmax(jobs >= len(block.job_ids)))
+        raise BlockError("job_id", f"record {first}: job index {jobs[first]} is not in job_ids")
+    if block.loss and len(block.loss) != 8 * n:
+        raise BlockError("loss", f"{len(block.loss)} bytes for {n} records (8 each, or none)")
+    loss = (
+        np.frombuffer(block.loss, dtype="<f8").astype(np.float64)
+        if block.loss
+        else np.full(n, math.nan)
+    )
+    _check_block_values(values)
+    if len(block.job_ids) == 1:
+        job_ids = [block.job_ids[0]] * n
+    else:
+        job_ids = list(map(block.job_ids.__getitem__, jobs.tolist()))
+    return StepColumns(values=values, job_ids=job_ids, loss=loss)
+
+
+def _check_block_values(values: npt.NDArray[np.float64]) -> None:
+    bad = ~(values >= 0.0)  # NaN fails too
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise BlockError(NUMERIC[j], f"record {i}: must be a number >= 0, got {values[i, j]}")
+    ints = values[:, _INT_COLS]
+    bad = (ints != np.floor(ints)) | (ints >= EXACT_LIMIT)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise BlockError(
+            INTEGERS[j], f"record {i}: must be a whole number below 2**53, got {ints[i, j]}"
+        )
+    start, end = values[:, _INDEX["start_s"]], values[:, _INDEX["end_s"]]
+    early = end < start
+    if early.any():
+        i = int(np.argmax(early))
+        raise BlockError("end_s", f"record {i}: end_s ({end[i]}) is before start_s ({start[i]})")
+
+
+def rows(cols: StepColumns) -> list[tuple[Any, ...]]:
+    """Field tuples (StepRecord field order, as `msgspec.structs.astuple` gives them) of columns
+    that carry their loss; integer fields come back as ints, an unknown loss as None."""
+    if cols.loss is None:
+        raise ValueError("step columns without their loss cannot be turned back into rows")
+    values = cols.values
+    loss = cols.loss
+    unknown = np.isnan(loss)
+    if unknown.any():
+        boxed = loss.astype(object)
+        boxed[unknown] = None
+        loss_list = boxed.tolist()
+    else:
+        loss_list = loss.tolist()
+    by_field: dict[str, list[Any]] = {"job_id": cols.job_ids, "loss": loss_list}
+    for name, j in _INDEX.items():
+        column = values[:, j]
+        by_field[name] = (column.astype(np.int64) if j in _INT_COLS else column).tolist()
+    return list(zip(*(by_field[f] for f in FIELDS), strict=True))
+
+
+def to_records(cols: StepColumns) -> list[schema.StepRecord]:
+    """StepRecords of columns that carry their loss."""
+    return [schema.StepRecord(**dict(zip(FIELDS, row, strict=True))) for row in rows(cols)]

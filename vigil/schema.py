@@ -4,8 +4,10 @@ These types are shared by the SDK, the node agent, the collector, the analyzer a
 controller. They hold data only: no I/O, no imports of other vigil packages. Times are seconds:
 `*_s` fields ending a wall-clock instant are Unix seconds (float); durations are seconds too.
 
-Compatibility rule: SCHEMA_VERSION is bumped when a field is removed, renamed or changes meaning.
+Compatibility rule: SCHEMA_VERSION is bumped when a field is removed, renamed or changes meaning,
+or when old decoders would silently ignore data (v2 added `Batch.steps`, the columnar step block).
 Adding an optional field (with a default) keeps the version; old decoders ignore unknown fields.
+Decoders accept every version in SUPPORTED_VERSIONS, so collectors are upgraded before agents.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Annotated
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SUPPORTED_VERSIONS = frozenset({1, 2})
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -321,11 +324,28 @@ RECORD_TYPES: tuple[type[_Record], ...] = (
 RECORD_TAGS: dict[str, type[_Record]] = {str(t.__struct_config__.tag): t for t in RECORD_TYPES}
 
 
+class StepBlock(msgspec.Struct, kw_only=True):
+    """A batch's step records as columns (schema v2): decoding one map per record costs the
+    collector more than storing it, decoding packed arrays costs nothing. `vigil.columns` packs
+    and checks it. Record i: job `job_ids[jobs[i]]`; `values[i, j]` field `fields[j]` (a
+    StepRecord field other than job_id and loss; integer fields are whole numbers below 2**53);
+    `loss[i]` its loss, NaN where unknown. `jobs` is little-endian uint32, `values` row-major and
+    `loss` little-endian float64; `loss` may be empty (all unknown)."""
+
+    fields: list[str]
+    job_ids: list[Name]
+    jobs: bytes
+    values: bytes
+    loss: bytes = b""
+
+
 class Batch(msgspec.Struct, kw_only=True):
-    """The envelope every shipment travels in; `batch_id` makes retries idempotent."""
+    """The envelope every shipment travels in; `batch_id` makes retries idempotent. `steps`:
+    step records packed as columns (v2 senders put them there rather than in `records`)."""
 
     v: int
     batch_id: Name
     sent_s: NonNegFloat = 0.0
     source: str = ""
     records: list[Record] = msgspec.field(default_factory=list)
+    steps: StepBlock | None = None

