@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from math import inf
 from pathlib import Path
 
 import msgspec
@@ -80,6 +81,11 @@ BAD_STEP = {"type": "step", "job_id": "j", "rank": "three", "step": 1, "start_s"
             codec.encode_batch([schema.RankInfo(job_id="j", rank=0, node="n\x00x")]),
             422,
             "RankInfo.node: must not contain NUL",
+        ),
+        (
+            codec.encode_batch([rec.step(0, 1), msgspec.structs.replace(rec.step(1, 1), mfu=inf)]),
+            422,
+            "StepRecord.mfu: record 1: must be a finite number, got inf",
         ),
         (
             codec.encode_batch([rec.step(2**40, 1)]),
