@@ -24,6 +24,7 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -492,18 +493,21 @@ def uninstall() -> None:
 def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     """DDP's default all-reduce (average over the group), timed: one future callback both
     records completion and hands DDP the reduced bucket, so a bucket costs the comm thread one
-    Python call, as torch's own default hook does."""
+    Python call, as torch's own default hook does. The process group is called directly (as
+    torch's default hook does), not through `dist.all_reduce`'s Python checks; NCCL averages in
+    its kernel, other backends sum a bucket divided first."""
     tensor = bucket.buffer()
     group = process_group if process_group is not None else dist.group.WORLD
-    tensor.div_(group.size())
+    options = _average_options(group)
+    if options.reduceOp != dist.ReduceOp.AVG:
+        tensor.div_(group.size())
     recorder, pending = _active, None
     if recorder is not None:
         try:
             pending = recorder.begin("all_reduce", group, tensor, None, blocking=False)
         except Exception as exc:  # fail-open: the all-reduce goes on untimed
             recorder._on_error(exc)
-    all_reduce = _originals.get("all_reduce", dist.all_reduce)
-    fut = all_reduce(tensor, group=group, async_op=True).get_future()
+    fut = group.allreduce([tensor], options).get_future()
     if recorder is None or pending is None:
         return fut.then(_reduced)
     timed_by, op = recorder, pending
@@ -513,6 +517,24 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
         return f.value()[0]
 
     return fut.then(done)
+
+
+_AVERAGING: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # group -> options
+
+
+def _average_options(group: Any) -> Any:
+    """All-reduce options that average over `group`: AVG where the backend has it (NCCL),
+    else SUM (the caller divides first)."""
+    options = _AVERAGING.get(group)
+    if options is None:
+        options = dist.AllreduceOptions()
+        try:
+            nccl = dist.get_backend(group) == dist.Backend.NCCL
+        except (RuntimeError, ValueError):  # not a registered group: take the portable path
+            nccl = False
+        options.reduceOp = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
+        _AVERAGING[group] = options
+    return options
 
 
 def _reduced(fut: Any) -> Any:
