@@ -1,9 +1,10 @@
 """Assemble what one rank trains: its part of the model (pipeline stages), parallelized on the
 job's mesh, the optimizer over it, and the pipeline schedule when pp > 1.
 
-Every rank first builds the whole model from the recipe's seed, so all layouts start from the
-same weights as a single-process run, then keeps only its stages. This module decides nothing
-about steps or checkpoints.
+Every rank builds the whole model on the meta device, keeps only its stages, parallelises them,
+and only then allocates and initialises its shard (`model.materialize`): all layouts start from
+the same weights as a single-process run, and no rank ever holds the whole of a large model.
+This module decides nothing about steps or checkpoints.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _optimizer(params: list[nn.Parameter], recipe: recipes.Recipe) -> torch.opti
 
 def assemble(recipe: recipes.Recipe, *, mesh: DeviceMesh | None, device: torch.device) -> Assembled:
     par = recipe.parallel
-    owner = model_lib.build(recipe.model, seed=recipe.data.seed, device=device)
+    owner = model_lib.skeleton(recipe.model)
     plan = None
     if par.pp > 1:
         assert mesh is not None
@@ -79,7 +80,9 @@ def assemble(recipe: recipes.Recipe, *, mesh: DeviceMesh | None, device: torch.d
     if fsdp:
         assert mesh is not None
         parallel.apply_fsdp(owner, stages, mesh, recipe)
-    elif ddp:
+    views = [s for s in stages if s is not owner]
+    model_lib.materialize(owner, views, seed=recipe.data.seed, device=device)
+    if ddp:
         assert mesh is not None
         module = parallel.apply_ddp(owner, mesh, device)
     schedule = None

@@ -3,17 +3,26 @@
 Layers live in a `ModuleDict` keyed by their index in the full model, so a pipeline stage that
 keeps only some of them (and drops the embedding or the head) still has the same parameter names
 as the whole model: checkpoints load across layouts. Attention reshapes with `-1` heads so tensor
-parallelism can shard heads without this module knowing. This module builds and runs modules
-only: no process groups, no devices beyond the one it is given.
+parallelism can shard heads without this module knowing.
+
+Models are built on the meta device (`skeleton`: shapes, no memory), parallelised there, and only
+then materialised (`materialize`): a rank allocates its shard of an 8B or 70B model, never the
+whole. Each parameter is drawn from its own generator, seeded by the recipe's seed and the
+parameter's name, and each rank keeps its shard of that draw: every layout starts from the same
+weights as a single-process run. This module builds and runs modules only: no process groups, no
+devices beyond the one it is given.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the torch convention)
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from vigil.trainer import recipes
 
@@ -122,16 +131,35 @@ class Transformer(nn.Module):
         # Not persistent: derived from the config, so checkpoints do not carry them.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
 
-    def init_weights(self) -> None:
-        """GPT-2 style: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)."""
+    def reset_rope(self, device: torch.device) -> None:
+        """Recompute the rope tables on `device` (after materialising from meta)."""
+        cos, sin = rope_tables(self.cfg)
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
+
+    def init_weights(self, seed: int) -> None:
+        """GPT-2 style: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), norms 1.
+        Each parameter is drawn whole from a generator seeded by `seed` and its name (wrappers
+        left out), and a sharded parameter (DTensor) keeps its shard: the weights do not depend
+        on the layout."""
         resid_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        for name, param in self.named_parameters():
-            if name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, std=resid_std)
-            elif param.dim() == 2:
-                nn.init.normal_(param, std=0.02)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                name = canonical_name(name)
+                local = param.to_local() if isinstance(param, DTensor) else param
+                if local.device.type == "meta":
+                    continue
+                if param.dim() < 2:
+                    local.fill_(1.0)
+                    continue
+                std = resid_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                full = _draw(param.shape, std, _param_seed(seed, name), local)
+                if isinstance(param, DTensor):
+                    full = distribute_tensor(
+                        full, param.device_mesh, param.placements, src_data_rank=None
+                    ).to_local()
+                local.copy_(full)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
@@ -171,12 +199,48 @@ class StageView(Transformer):
         self.register_buffer("rope_sin", owner.rope_sin, persistent=False)
 
 
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name in the plain model (activation-checkpoint and compile wrappers out)."""
+    for wrapper in _WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def _draw(shape: torch.Size, std: float, seed: int, like: torch.Tensor) -> torch.Tensor:
+    generator = torch.Generator(device=like.device)
+    generator.manual_seed(seed)
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return out.normal_(0.0, std, generator=generator)
+
+
+def skeleton(cfg: recipes.ModelConfig) -> Transformer:
+    """The full model on the meta device: every shape, no memory, nothing initialised."""
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
+def materialize(
+    owner: Transformer, views: Sequence[Transformer], *, seed: int, device: torch.device
+) -> None:
+    """Allocate a (parallelised) skeleton's parameters on `device` and initialise them;
+    `views`: modules sharing its blocks (pipeline stages), whose rope tables are reset too."""
+    owner.to_empty(device=device)
+    for module in (owner, *views):
+        module.reset_rope(device)
+    owner.init_weights(seed)
+
+
 def build(cfg: recipes.ModelConfig, *, seed: int, device: torch.device) -> Transformer:
-    """The full model with weights that depend on `seed` only, identical on every rank."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with device:  # initialise in place: a 1B model is not built on the host first
-            model = Transformer(cfg)
+    """The full model on one device with weights that depend on `seed` only."""
+    model = skeleton(cfg)
+    materialize(model, [], seed=seed, device=device)
     return model
 
 

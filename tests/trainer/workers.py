@@ -10,13 +10,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import resource
 import socket
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
-from vigil.trainer import loop, recipes, runtime
+from vigil.trainer import assembly, loop, parallel, recipes, runtime
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,3 +96,34 @@ def reference_losses(recipe: recipes.Recipe, *, stop_after: int | None = None) -
     )
     with loop.trainer_session(single, ctx=loop.RunContext()) as trainer:
         return trainer.train(stop_after=stop_after)
+
+
+def _assemble_worker(rank: int, world: int, port: int, recipe: recipes.Recipe, out: str) -> None:
+    launch = runtime.LaunchEnv(
+        rank=rank, world_size=world, local_world_size=world, master_port=port
+    )
+    device = runtime.pick_device(launch, force_cpu=True)
+    runtime.init_process_group(launch, device, timeout=datetime.timedelta(seconds=120))
+    try:
+        mesh = parallel.build_mesh(recipe.parallel, device.type)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        parts = assembly.assemble(recipe, mesh=mesh, device=device)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        locals_ = [p.to_local() if isinstance(p, DTensor) else p for p in parts.owner.parameters()]
+        record = {
+            "peak_growth_bytes": grown,
+            "held_bytes": sum(t.numel() * t.element_size() for t in locals_),
+            "devices": sorted({t.device.type for t in locals_}),
+        }
+        (Path(out) / f"rank-{rank}.json").write_text(json.dumps(record))
+        del parts
+    finally:
+        dist.destroy_process_group()
+
+
+def assemble_only(world: int, recipe: recipes.Recipe, out: Path) -> list[dict[str, object]]:
+    """Each rank assembles `recipe` (no training); per rank: how much its peak resident memory
+    grew while assembling, and the bytes of the parameters it holds."""
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_assemble_worker, args=(world, _free_port(), recipe, str(out)), nprocs=world)
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
