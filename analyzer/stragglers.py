@@ -1,15 +1,16 @@
 """Straggler detection: compute-vs-wait decomposition, robust per-step scores and persistence.
 
-In synchronous training the slow rank arrives last at each collective and waits least, so step
-time cannot tell it apart; compute time (step minus exposed communication wait minus data time)
-can. Every step, each rank's compute, data-loading and transfer time (averaged over its last
+In synchronous training the slow rank arrives last at each collective and waits least, so step time
+cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
+Every step, each rank's compute, data-loading and transfer time (averaged over its last
 `smooth_steps` steps, the largest left out) is scored against the other ranks (median/MAD,
 within its pipeline stage when there is one); a rank flagged in `min_hits` of the last `window`
 steps is reported. Causes are told apart: compute stragglers (with GPU throttling noted from
-NVML clocks), data-loader stalls, slow links (transfer time up for the ranks of one node or
-two), and compute that only follows a larger share of tokens (sequence-length imbalance,
-reported for the job rather than the rank). Pipeline-stage imbalance lives in `imbalance.py`.
-Pure numpy over `StepArrays`.
+NVML clocks), data-loader stalls, slow links (transfer time up for the ranks of one node or two;
+one rank's transfer time up while its compute is an outlier too is the straggler), and compute
+that only follows a larger share of tokens (sequence-length imbalance, reported for the job
+rather than the rank). Pipeline-stage imbalance lives in `imbalance.py`. Pure numpy over
+`StepArrays`.
 """
 
 from __future__ import annotations
@@ -291,8 +292,18 @@ def link_findings(
         )
         out.append(_link_finding(a, scores, eps, covered, links, cfg))
     for name in sorted(set(by_node) - set(covered)):
-        out.append(rank_finding(a, scores, Kind.SLOW_LINK, *by_node[name][0], cfg))
+        # One rank's transfer time up while its compute is an outlier too is the straggler
+        # seen from the collectives (a starved process is slow at everything), not its link.
+        alone = [e for e in by_node[name] if not _compute_explains(scores, *e[:3])]
+        if alone:
+            out.append(rank_finding(a, scores, Kind.SLOW_LINK, *alone[0], cfg))
     return out
+
+
+def _compute_explains(scores: Scores, col: int, first: int, last: int) -> bool:
+    """Whether `col`'s compute was an outlier in at least half the rows first..last."""
+    flags = scores.compute[first : last + 1, col]
+    return bool(flags.size) and float(flags.mean()) >= 0.5
 
 
 def _link_finding(

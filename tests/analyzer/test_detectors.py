@@ -95,3 +95,24 @@ def test_missing_ranks_do_not_count_as_outliers() -> None:
     arrays = sim.simulate(config).arrays
     arrays.step_time_s[10:20, 5] = np.nan  # rank 5 did not report these steps
     assert engine.analyze_arrays(arrays) == []
+
+
+def test_a_straggler_whose_collectives_also_slow_is_not_a_slow_link() -> None:
+    """A starved process is slow at everything, its side of each collective included: one rank
+    with compute and transfer time up is a straggler, not a link (seen in the quick demo)."""
+    config = sim.ScenarioConfig(
+        num_ranks=64,
+        num_steps=80,
+        seed=1,
+        faults=(sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(37,), factor=1.5, start_step=30),),
+    )
+    arrays = sim.simulate(config).arrays
+    arrays.transfer_s[30:, 37] *= 1.7
+    found = engine.analyze_arrays(arrays)
+    assert [f.subjects.ranks for f in _of(found, Kind.STRAGGLER)] == [[37]]
+    assert _of(found, Kind.SLOW_LINK) == []
+    # The same transfer time with normal compute is still that rank's slow link.
+    arrays = sim.simulate(sim.ScenarioConfig(num_ranks=64, num_steps=80, seed=1)).arrays
+    arrays.transfer_s[30:, 37] *= 1.7
+    [link] = _of(engine.analyze_arrays(arrays), Kind.SLOW_LINK)
+    assert link.subjects.ranks == [37]
