@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vigil import columns, schema
 
@@ -140,3 +142,24 @@ def test_a_block_missing_a_required_field_is_refused() -> None:
     with pytest.raises(columns.BlockError, match="required") as info:
         columns.from_block(block)
     assert info.value.field == "end_s"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fields=st.lists(st.sampled_from([*columns.NUMERIC, "job_id", "x"]), max_size=16),
+    job_ids=st.lists(st.text(min_size=1, max_size=3), max_size=3),
+    jobs=st.binary(max_size=64),
+    values=st.binary(max_size=512),
+    loss=st.binary(max_size=64),
+)
+def test_any_block_either_unpacks_or_raises_a_block_error(
+    fields: list[str], job_ids: list[str], jobs: bytes, values: bytes, loss: bytes
+) -> None:
+    block = schema.StepBlock(fields=fields, job_ids=job_ids, jobs=jobs, values=values, loss=loss)
+    try:
+        cols = columns.from_block(block)
+    except columns.BlockError as exc:
+        assert exc.field and exc.problem
+        return
+    records = columns.to_records(cols)  # whatever unpacks is valid StepRecords
+    assert len(records) == len(cols) == len(jobs) // 4
