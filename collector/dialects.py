@@ -92,30 +92,56 @@ def upsert_sql(conn: Connection, table: Table, columns: Sequence[str], source: s
     return f"{into} {source} ON CONFLICT ({conflict}) {action}"
 
 
+Rows = Sequence[tuple[Any, ...]]
+
+
 def bulk_write(
     conn: Connection,
     table: Table,
     columns: Sequence[str],
-    rows: Sequence[tuple[Any, ...]],
+    rows: Rows | Callable[[], Rows],
     *,
     upsert_rows: bool,
     meanwhile: Callable[[], None] | None = None,
+    encoded: Callable[[], bytes] | None = None,
 ) -> None:
     """Write many tuples: executemany on SQLite, COPY on PostgreSQL. With `upsert_rows`, a row
     whose key exists replaces it. `meanwhile` is CPU work the caller needs done anyway: it runs
-    once, while PostgreSQL digests the COPY stream (on SQLite, after the insert)."""
-    if not rows:
-        if meanwhile is not None:
-            meanwhile()
-        return
+    once, while PostgreSQL digests the COPY stream (on SQLite, after the insert). `encoded`:
+    the same rows as a whole binary COPY stream (`pgcopy`), which PostgreSQL then gets instead
+    of formatting tuples; `rows` may then be a callable, called only if tuples are needed."""
+    if encoded is None or conn.dialect.name != POSTGRESQL:
+        rows = rows() if callable(rows) else rows
+        encoded = None
+        if not rows:
+            if meanwhile is not None:
+                meanwhile()
+            return
     if conn.dialect.name != POSTGRESQL:  # SQLite upserts row by row: a repeated key just wins
+        assert not callable(rows)
         _sqlite_write(conn, table, columns, rows, upsert_rows=upsert_rows)
         if meanwhile is not None:
             meanwhile()
     elif not upsert_rows:
-        _copy(conn, table, table.name, columns, rows, _Once(meanwhile))
+        _copy(conn, table, table.name, columns, _Source(rows, encoded), _Once(meanwhile))
     else:
-        _pg_upsert(conn, table, columns, rows, _Once(meanwhile))
+        _pg_upsert(conn, table, columns, _Source(rows, encoded), _Once(meanwhile))
+
+
+class _Source:
+    """What a COPY sends: pre-encoded bytes when there are, else the tuples."""
+
+    def __init__(self, rows: Rows | Callable[[], Rows], encoded: Callable[[], bytes] | None):
+        self._rows = rows
+        self.encoded = encoded
+
+    def rows(self) -> Rows:
+        if callable(self._rows):
+            self._rows = self._rows()
+        return self._rows
+
+    def tuples_only(self, rows: Rows) -> _Source:
+        return _Source(rows, None)
 
 
 class _Once:
@@ -152,29 +178,29 @@ def _pg_upsert(
     conn: Connection,
     table: Table,
     columns: Sequence[str],
-    rows: Sequence[tuple[Any, ...]],
+    source: _Source,
     meanwhile: _Once,
 ) -> None:
     try:
         # Optimistic: rows are almost always new (a step re-run after a restart is the exception),
         # so COPY straight into the table; on a key clash, undo and take the staging path.
         with conn.begin_nested():
-            _copy(conn, table, table.name, columns, rows, meanwhile)
+            _copy(conn, table, table.name, columns, source, meanwhile)
         return
     except psycopg.errors.UniqueViolation:
         pass
-    rows = dedupe_tuples(table, columns, rows)  # ON CONFLICT may touch each key once
+    rows = dedupe_tuples(table, columns, source.rows())  # ON CONFLICT may touch each key once
     stage = f"_stage_{table.name}"
     conn.exec_driver_sql(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
         f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(conn, table, stage, columns, rows, meanwhile)
+    _copy(conn, table, stage, columns, source.tuples_only(rows), meanwhile)
     cols = ", ".join(_quote(conn, c) for c in columns)
     order = ", ".join(_quote(conn, c) for c in primary_key(table))
     # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).
-    source = f"SELECT {cols} FROM {stage} ORDER BY {order}"
-    conn.exec_driver_sql(upsert_sql(conn, table, columns, source))
+    staged = f"SELECT {cols} FROM {stage} ORDER BY {order}"
+    conn.exec_driver_sql(upsert_sql(conn, table, columns, staged))
     conn.exec_driver_sql(f"TRUNCATE {stage}")
 
 
@@ -197,7 +223,7 @@ def _copy(
     table: Table,
     target: str,
     columns: Sequence[str],
-    rows: Sequence[tuple[Any, ...]],
+    source: _Source,
     meanwhile: _Once | None = None,
 ) -> None:
     driver = conn.connection.driver_connection
@@ -205,9 +231,12 @@ def _copy(
     cols = ", ".join(_quote(conn, c) for c in columns)
     sql = f"COPY {target} ({cols}) FROM STDIN (FORMAT BINARY)"
     with driver.cursor() as cursor, cursor.copy(sql) as copy:
-        copy.set_types(copy_types(table, columns))
-        for row in rows:
-            copy.write_row(row)
+        if source.encoded is not None:
+            copy.write(source.encoded())
+        else:
+            copy.set_types(copy_types(table, columns))
+            for row in source.rows():
+                copy.write_row(row)
         # All but the last buffer is on its way: the server inserts while this runs.
         if meanwhile is not None:
             meanwhile()

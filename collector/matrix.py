@@ -150,12 +150,16 @@ class Prepared:
 
 
 def prepare(
-    conn: Connection, rows: Sequence[tuple[Any, ...]], steps: columns.StepColumns | None = None
+    conn: Connection,
+    rows: Sequence[tuple[Any, ...]] | None,
+    steps: columns.StepColumns | None = None,
 ) -> Prepared:
-    """The CPU half of `write`, no SQL: callers run it while the server is busy elsewhere."""
-    steps = steps if steps is not None else columns.from_rows(rows)
+    """The CPU half of `write`, no SQL: callers run it while the server is busy elsewhere
+    (`rows` may be None when `steps` is given)."""
+    if steps is None:
+        steps = columns.from_rows(rows or [])
     postgres = conn.dialect.name == dialects.POSTGRESQL
-    return Prepared(runs=runs(rows, steps) if postgres and rows else None, steps=steps)
+    return Prepared(runs=runs(rows or [], steps) if postgres and len(steps) else None, steps=steps)
 
 
 def apply(conn: Connection, prepared: Prepared) -> None:

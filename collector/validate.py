@@ -94,14 +94,23 @@ class Checked:
     rows: dict[type, list[tuple[Any, ...]]]
     steps: columns.StepColumns | None = None
     verified: bool = True
+    # The step records of a columnar block, when the batch has no step record objects: their
+    # field tuples are not in `rows` (`step_rows` builds them; PostgreSQL's COPY needs none).
+    block: columns.StepColumns | None = None
 
     @property
     def count(self) -> int:
         """How many records the batch holds, block rows included."""
-        return sum(
+        counted = sum(
             len(self.rows[cls]) if cls is schema.StepRecord else len(group)
             for cls, group in self.groups.items()
         )
+        return counted + (len(self.block) if self.block is not None else 0)
+
+    def step_rows(self) -> list[tuple[Any, ...]]:
+        """Field tuples of every step record of the batch (block rows built on demand)."""
+        rows = self.rows.get(schema.StepRecord, [])
+        return rows + columns.rows(self.block) if self.block is not None else rows
 
 
 def group_records(records: Sequence[schema.Record]) -> dict[type, list[Any]]:
@@ -126,14 +135,14 @@ def prepare_batch(
         for cls, group in groups.items()
         if cls is schema.StepRecord or not _PLANS[cls].nested
     }
-    steps = None
-    if block is not None:
-        step_rows = rows.get(schema.StepRecord, [])
-        groups.setdefault(schema.StepRecord, [])
-        rows[schema.StepRecord] = step_rows + columns.rows(block)
-        # Columns of record objects and block together are rebuilt from the rows.
-        steps = None if step_rows else block
-    return Checked(groups=groups, rows=rows, steps=steps, verified=False)
+    if block is None or not len(block):
+        return Checked(groups=groups, rows=rows, verified=False)
+    if schema.StepRecord in groups:  # records and a block: one set of rows and columns
+        rows[schema.StepRecord] = rows[schema.StepRecord] + columns.rows(block)
+        return Checked(groups=groups, rows=rows, verified=False)
+    groups[schema.StepRecord] = []
+    rows[schema.StepRecord] = []
+    return Checked(groups=groups, rows=rows, steps=block, verified=False, block=block)
 
 
 def verify_group(
@@ -172,7 +181,7 @@ def check_batch(
         found = verify_group(cls, group, prepared.rows.get(cls), prepared.steps)
         if found is not None:
             steps = found
-    return Checked(groups=prepared.groups, rows=prepared.rows, steps=steps)
+    return Checked(groups=prepared.groups, rows=prepared.rows, steps=steps, block=prepared.block)
 
 
 _STEP_FIELDS = schema.StepRecord.__struct_fields__

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 
 from vigil import columns, schema
-from vigil.collector import dialects, matrix, tables, validate
+from vigil.collector import dialects, matrix, pgcopy, tables, validate
 
 # Bulk rows are the records' own field tuples (msgspec.structs.astuple: 3x cheaper than reading
 # attributes by name), so column lists follow the wire field order. A new wire field needs a
@@ -64,14 +66,15 @@ def write_records(
     for record_type, group in checked.groups.items():
         rows = checked.rows.get(record_type)
         if record_type is schema.StepRecord:
-            steps = _steps(conn, group, rows, steps, verify=not checked.verified)
+            steps = _steps(conn, group, checked, verify=not checked.verified)
             continue
         if not checked.verified:
             validate.verify_group(record_type, group, rows)
         _WRITERS[record_type](conn, group, received_s, rows)
     counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
     if schema.StepRecord in checked.groups:  # block rows have no record objects
-        counts[_TAGS[schema.StepRecord]] = len(checked.rows[schema.StepRecord])
+        block = len(checked.block) if checked.block is not None else 0
+        counts[_TAGS[schema.StepRecord]] = len(checked.rows[schema.StepRecord]) + block
     return Written(counts=counts, steps=steps)
 
 
@@ -83,32 +86,60 @@ def _tuples(records: list[Any], rows: Rows) -> list[tuple[Any, ...]]:
 
 
 def _steps(
-    conn: Connection,
-    records: list[schema.StepRecord],
-    rows: Rows,
-    steps: columns.StepColumns | None,
-    *,
-    verify: bool,
+    conn: Connection, records: list[schema.StepRecord], checked: validate.Checked, *, verify: bool
 ) -> columns.StepColumns:
     """Bulk-write step records and patch their heatmap cells; returns their columns. With
     `verify`, the records are verified first thing in the bulk write's idle slot (PostgreSQL:
-    while it digests the COPY), and a bad one aborts the write."""
-    tuples = _tuples(records, rows)
+    while it digests the COPY), and a bad one aborts the write. Block rows go to PostgreSQL as
+    a binary COPY stream laid out from their columns, with no tuple per row."""
+    steps = checked.steps
+    postgres = conn.dialect.name == dialects.POSTGRESQL
+    block = checked.block if postgres else None
+    rows: list[tuple[Any, ...]] | None = None if block is not None else checked.step_rows()
     prepared: list[matrix.Prepared] = []
-    if verify and conn.dialect.name != dialects.POSTGRESQL:  # no idle slot: verify up front
-        steps, verify = validate.verify_group(schema.StepRecord, records, tuples, steps), False
+    if verify and not postgres:  # no idle slot: verify up front
+        steps, verify = validate.verify_group(schema.StepRecord, records, rows, steps), False
 
     def meanwhile() -> None:
         cols = steps
         if verify:
-            cols = validate.verify_group(schema.StepRecord, records, tuples, steps)
-        prepared.append(matrix.prepare(conn, tuples, cols))
+            cols = validate.verify_group(schema.StepRecord, records, rows, steps)
+        prepared.append(matrix.prepare(conn, rows, cols))
 
     dialects.bulk_write(
-        conn, tables.step_records, STEP_COLUMNS, tuples, upsert_rows=True, meanwhile=meanwhile
+        conn,
+        tables.step_records,
+        STEP_COLUMNS,
+        rows if rows is not None else checked.step_rows,
+        upsert_rows=True,
+        meanwhile=meanwhile,
+        encoded=None if block is None else (lambda: step_copy(block)),
     )
     matrix.apply(conn, prepared[0])
     return prepared[0].steps
+
+
+_STEP_TYPES = dialects.copy_types(tables.step_records, STEP_COLUMNS)
+
+
+def step_copy(cols: columns.StepColumns) -> bytes:
+    """Step records (columns carrying their loss) as PostgreSQL's binary COPY stream of
+    `STEP_COLUMNS`; an unknown loss (NaN) is NULL."""
+    if cols.loss is None:
+        raise ValueError("step columns without their loss cannot be copied")
+    values: list[pgcopy.Column] = []
+    nulls: list[npt.NDArray[np.bool_] | None] = []
+    for name in STEP_COLUMNS:
+        if name == "job_id":
+            values.append(cols.job_ids)
+            nulls.append(None)
+        elif name == "loss":
+            values.append(cols.loss)
+            nulls.append(np.isnan(cols.loss))
+        else:
+            values.append(cols.column(name))
+            nulls.append(None)
+    return pgcopy.encode(_STEP_TYPES, values, nulls)
 
 
 def _aggs(

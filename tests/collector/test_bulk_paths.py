@@ -8,10 +8,11 @@ import random
 from array import array
 
 import msgspec
+import numpy as np
 from sqlalchemy import select
 
-from vigil import schema
-from vigil.collector import Store, matrix, tables, validate, writes
+from vigil import columns, schema
+from vigil.collector import Store, matrix, pgcopy, tables, validate, writes
 
 
 def _row(rng: random.Random, width: int) -> tuple[object, ...]:
@@ -65,3 +66,56 @@ def test_checked_batch_reuses_the_writers_tuples() -> None:
     assert checked.rows[schema.StepRecord] == [writes.as_row(step)] * 2
     assert validate.group_records(records) == checked.groups
     assert validate.group_records([step]) == {schema.StepRecord: [step]}
+
+
+def test_step_columns_copy_in_binary_exactly_as_their_tuples(store: Store) -> None:
+    """PostgreSQL gets block rows as one binary COPY stream laid out from columns; SQLite gets
+    their tuples. Either way the stored rows equal the records: several jobs, unknown and
+    infinite losses; a batch re-running stored steps replaces them (PostgreSQL's staging path,
+    which builds the tuples after all)."""
+    records = [
+        schema.StepRecord(
+            job_id=job,
+            rank=rank,
+            step=step,
+            start_s=1.5 * step,
+            end_s=1.5 * step + 0.25 + rank,
+            tokens=2**40 + rank,
+            mfu=0.5,
+            loss=None if rank == 1 else (math.inf if rank == 2 else 0.125 * rank),
+            peak_memory_bytes=3 << 30,
+        )
+        for step in range(3)
+        for job in ("job-a", "job-é")
+        for rank in range(4)
+    ]
+    block = columns.to_block(records)
+    assert block is not None
+    batch = schema.Batch(v=schema.SCHEMA_VERSION, batch_id="copy-1", records=[])
+    store.ingest(batch, validate.prepare_batch([], columns.from_block(block)))
+    with store.read() as conn:
+        stored = conn.execute(select(*tables.step_records.c[*writes.STEP_COLUMNS])).all()
+    assert sorted(map(tuple, stored)) == sorted(writes.as_row(r) for r in records)
+    rerun = [msgspec.structs.replace(r, mfu=0.25) for r in records[:5]]
+    block = columns.to_block(rerun)
+    assert block is not None
+    batch = schema.Batch(v=schema.SCHEMA_VERSION, batch_id="copy-2", records=[])
+    store.ingest(batch, validate.prepare_batch([], columns.from_block(block)))
+    with store.read() as conn:
+        stored = conn.execute(select(*tables.step_records.c[*writes.STEP_COLUMNS])).all()
+    expected = sorted(writes.as_row(r) for r in rerun + records[5:])
+    assert sorted(map(tuple, stored)) == expected
+
+
+def test_the_binary_copy_stream_matches_psycopgs_own_rows() -> None:
+    cols = columns.from_records(
+        [schema.StepRecord(job_id="j", rank=3, step=7, start_s=1.0, end_s=2.0, loss=0.5)]
+    )
+    cols = columns.StepColumns(values=cols.values, job_ids=cols.job_ids, loss=np.array([0.5]))
+    stream = writes.step_copy(cols)
+    assert stream.startswith(pgcopy.SIGNATURE) and stream.endswith(pgcopy.TRAILER)
+    body = stream[len(pgcopy.SIGNATURE) : -len(pgcopy.TRAILER)]
+    # 15 fields: count, then job_id (1 byte), 13 numbers of 8 bytes and the loss.
+    assert len(body) == 2 + (4 + 1) + 14 * (4 + 8)
+    assert body[:2] == (15).to_bytes(2, "big") and body[2:7] == b"\x00\x00\x00\x01j"
+    assert body[7:19] == (8).to_bytes(4, "big") + (3).to_bytes(8, "big")  # rank
