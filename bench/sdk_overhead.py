@@ -1,17 +1,20 @@
 """SDK overhead vs no SDK vs torch.profiler on the same 4-rank gloo DDP training loop.
 
-    python bench/sdk_overhead.py [--world 4] [--rounds 6] [--steps 12] [--hidden 512]
+    python bench/sdk_overhead.py [--world 4] [--rounds 40] [--steps 4] [--hidden 128]
 
 The model is a small transformer encoder (hundreds of ops per step, like real models; the
 profiler's cost grows with ops, the SDK's only with steps and collectives). The ranks run rounds
-of three blocks — plain, with the vigil SDK (init + watch + step + collective
-timing, JSONL output), under torch.profiler (default activities, schedule wait=1 warmup=1
-active=3) — in an interleaved order so machine noise hits all three alike. Each block builds a
-fresh DDP model (same seed) and discards its first step. Ratios are median step time with / without
-(rank 0's clock; synchronous DDP makes ranks agree). The per-collective hook cost is measured on a
-one-member gloo group (no peers to wait for), wrapped vs unwrapped, in alternating batches (the
-fastest batch of each). Last line: one JSON object with sdk_overhead_ratio,
-profiler_overhead_ratio, hook_cost_us.
+of four blocks in a rotating order, so machine noise hits all alike:
+  - plain;
+  - with the vigil SDK (init + watch + step + collective timing, JSONL output);
+  - under torch.profiler (default activities, schedule wait=1 warmup=1 active=3);
+  - with torch's own default DDP comm hook alone: the floor of any Python comm hook, which
+    timing DDP's all-reduce needs.
+Each block builds a fresh DDP model (same seed) and discards its first step. Ratios are median
+step time with / without (rank 0's clock; synchronous DDP makes ranks agree). The per-collective
+hook cost is measured on a one-member gloo group (no peers to wait for), wrapped vs unwrapped,
+in alternating batches (the fastest batch of each). Last line: one JSON object with
+sdk_overhead_ratio, profiler_overhead_ratio, hook_cost_us and ddp_comm_hook_ratio.
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import vigil.agent
 from vigil.agent import collectives
+
+MODES = ("plain", "sdk", "profiler", "ddp_hook")
 
 
 def _model(hidden: int, layers: int) -> torch.nn.Module:
@@ -73,6 +79,8 @@ def _block(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[list[float],
             job="bench", output_dir=tmp / "out", progress_dir=tmp / "pages", peak_flops=1e11
         )
         vigil.agent.watch(model, opt)
+    elif mode == "ddp_hook":
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
     elif mode == "profiler":
         schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
         profiler = torch.profiler.profile(schedule=schedule)
@@ -129,17 +137,13 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     tmp = Path(tempfile.mkdtemp(prefix=f"vigil-bench-{rank}-"))
-    orders = [
-        ("plain", "sdk", "profiler"),
-        ("sdk", "profiler", "plain"),
-        ("profiler", "plain", "sdk"),
-    ]
-    times: dict[str, list[float]] = {"plain": [], "sdk": [], "profiler": []}
-    cpu: dict[str, list[float]] = {"plain": [], "sdk": [], "profiler": []}
+    orders = [MODES[i:] + MODES[:i] for i in range(len(MODES))]
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         medians = {}
-        for mode in orders[r % 3]:
+        for mode in orders[r % len(orders)]:
             block, block_cpu = _block(mode, args, tmp)
             times[mode] += block
             cpu[mode] += block_cpu
@@ -167,7 +171,7 @@ def _report(
     cpu_med = {mode: statistics.median(values) for mode, values in cpu.items()}
     print(f"{world} ranks (gloo, CPU), {len(times['plain'])} measured steps per mode")
     print(f"{'mode':<10}{'median step ms':>16}{'ratio':>9}{'thread CPU ms':>16}{'ratio':>9}")
-    for mode in ("plain", "sdk", "profiler"):
+    for mode in MODES:
         print(
             f"{mode:<10}{med[mode] * 1e3:>16.2f}{med[mode] / med['plain']:>9.4f}"
             f"{cpu_med[mode] * 1e3:>16.2f}{cpu_med[mode] / cpu_med['plain']:>9.4f}"
@@ -176,13 +180,10 @@ def _report(
         print(f"profiler overhead / SDK overhead: {(prof_ratio - 1.0) / (sdk_ratio - 1.0):.1f}x")
     else:
         print("profiler overhead / SDK overhead: n/a (SDK overhead below the noise)")
-    paired = {
-        mode: statistics.median(r[mode] / r["plain"] for r in rounds)
-        for mode in ("sdk", "profiler")
-    }
+    paired = {mode: statistics.median(r[mode] / r["plain"] for r in rounds) for mode in MODES[1:]}
     print(
         f"paired per-round wall ratios (drift-cancelling cross-check, {len(rounds)} rounds): "
-        f"sdk {paired['sdk']:.4f}, profiler {paired['profiler']:.4f}"
+        + ", ".join(f"{mode} {paired[mode]:.4f}" for mode in MODES[1:])
     )
     print(f"per-collective hook cost: {hook_us:.2f} us")
     extra_us = (cpu_med["sdk"] - cpu_med["plain"]) * 1e6
@@ -196,6 +197,7 @@ def _report(
                 "sdk_overhead_ratio": round(sdk_ratio, 4),
                 "profiler_overhead_ratio": round(prof_ratio, 4),
                 "hook_cost_us": round(hook_us, 2),
+                "ddp_comm_hook_ratio": round(med["ddp_hook"] / med["plain"], 4),
             }
         )
     )
