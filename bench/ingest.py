@@ -2,8 +2,9 @@
 
 For each store, in one run:
   - HTTP ingest: a real `vigil collector` (uvicorn) subprocess pinned to one core receives
-    pre-encoded batches (msgpack+zstd frames of `--batch-steps` steps x `--ranks` step records)
-    over keep-alive HTTP from this process on another core: decode, validate, idempotency row,
+    pre-encoded batches (msgpack+zstd frames of `--batch-steps` steps x `--ranks` step records,
+    packed as the columnar step block, as vigil's senders ship them) over keep-alive HTTP
+    from this process on another core: decode, validate, idempotency row,
     step rows, heatmap matrix, commit, ack.
   - raw insert: the same rows written straight into the same table of a fresh store with the
     same settings (SQLite: WAL + synchronous=FULL, executemany; PostgreSQL: binary COPY), one

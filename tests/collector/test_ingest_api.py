@@ -47,6 +47,17 @@ def test_ack_after_commit_and_duplicates_are_answered_without_storing(client: Te
     assert len(steps) == 6
 
 
+def test_schema_v1_frames_from_older_senders_are_stored(client: TestClient) -> None:
+    """Senders of schema v1 ship step records as records; a v2 collector stores them alike."""
+    records = [msgspec.to_builtins(r) for r in rec.steps(2, 2)]
+    frame = _raw_frame({"v": 1, "batch_id": "old-1", "records": records})
+    assert post(client, frame) == (200, {"batch_id": "old-1", "accepted": 4, "duplicate": False})
+    steps = client.get(
+        f"/api/v1/jobs/{rec.JOB}/steps", params={"step_start": 0, "step_end": 10}
+    ).json()
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 def _raw_frame(payload: object) -> bytes:
     return codec.MAGIC + b"\x00" + msgspec.msgpack.encode(payload)
 
@@ -86,6 +97,11 @@ BAD_STEP = {"type": "step", "job_id": "j", "rank": "three", "step": 1, "start_s"
             codec.encode_batch([rec.step(0, 1), msgspec.structs.replace(rec.step(1, 1), mfu=inf)]),
             422,
             "StepRecord.mfu: record 1: must be a finite number, got inf",
+        ),
+        (
+            codec.encode_batch([msgspec.structs.replace(rec.step(0, 1), job_id="a\x00b")]),
+            422,
+            "StepRecord.job_id: record 0: must not contain NUL",
         ),
         (
             codec.encode_batch([rec.step(2**40, 1)]),
