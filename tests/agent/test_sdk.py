@@ -17,7 +17,7 @@ import torch
 
 import vigil.agent
 from vigil import codec, schema
-from vigil.agent import progress
+from vigil.agent import collectives, progress
 
 
 @pytest.fixture
@@ -173,3 +173,27 @@ def test_internal_errors_are_counted_and_training_goes_on(dirs: tuple[Path, Path
         with vigil.agent.step(i):
             done.append(i)
     assert done == [0, 1, 2] and session.internal_errors == 3
+
+
+def test_the_ddp_hook_lets_nccl_average_and_divides_first_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL averages in its kernel (no extra pass over the bucket); gloo and unknown groups sum
+    a bucket the hook has divided by the group size first."""
+
+    class Group:  # stands in for a process group (weak-referenceable, like the real ones)
+        pass
+
+    nccl, gloo, unregistered = Group(), Group(), Group()
+    backends = {id(nccl): "nccl", id(gloo): "gloo"}
+
+    def get_backend(group: object) -> str:
+        if id(group) not in backends:
+            raise ValueError("not a registered process group")
+        return backends[id(group)]
+
+    monkeypatch.setattr(torch.distributed, "get_backend", get_backend)
+    assert collectives._average_options(nccl).reduceOp == torch.distributed.ReduceOp.AVG
+    assert collectives._average_options(gloo).reduceOp == torch.distributed.ReduceOp.SUM
+    assert collectives._average_options(unregistered).reduceOp == torch.distributed.ReduceOp.SUM
+    assert collectives._average_options(nccl) is collectives._average_options(nccl)  # cached
