@@ -140,9 +140,6 @@ class _Source:
             self._rows = self._rows()
         return self._rows
 
-    def tuples_only(self, rows: Rows) -> _Source:
-        return _Source(rows, None)
-
 
 class _Once:
     """Runs a callable on the first call only (the staging retry must not run it again)."""
@@ -195,7 +192,7 @@ def _pg_upsert(
         f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
         f"(LIKE {_quote(conn, table.name)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     )
-    _copy(conn, table, stage, columns, source.tuples_only(rows), meanwhile)
+    _copy(conn, table, stage, columns, _Source(rows, None), meanwhile)
     cols = ", ".join(_quote(conn, c) for c in columns)
     order = ", ".join(_quote(conn, c) for c in primary_key(table))
     # Ordered by key so concurrent batches lock shared rows in one order (no deadlock).

@@ -85,8 +85,8 @@ def _column(rows: list[tuple[Any, ...]], positions: tuple[int, ...]) -> Iterable
 class Checked:
     """A batch's records grouped by type (in record order) and the field tuples
     (`msgspec.structs.astuple`) of the groups the store bulk-writes, built once. Step records
-    that came as a columnar block have no record objects: their group may be empty while their
-    rows (after those of any step records) and `steps` hold them. `verified`: every group
+    that came as a columnar block alone have no record objects and no tuples yet: their group
+    and rows are empty, and `block` (and `steps`) hold them. `verified`: every group
     passed `verify_group`; a `prepare_batch` result is not verified yet, and the store verifies
     each group before it commits (step records while the database digests them)."""
 
@@ -99,13 +99,16 @@ class Checked:
     block: columns.StepColumns | None = None
 
     @property
+    def step_count(self) -> int:
+        """How many step records the batch holds, block rows included."""
+        block = len(self.block) if self.block is not None else 0
+        return len(self.rows.get(schema.StepRecord, [])) + block
+
+    @property
     def count(self) -> int:
         """How many records the batch holds, block rows included."""
-        counted = sum(
-            len(self.rows[cls]) if cls is schema.StepRecord else len(group)
-            for cls, group in self.groups.items()
-        )
-        return counted + (len(self.block) if self.block is not None else 0)
+        others = sum(len(g) for cls, g in self.groups.items() if cls is not schema.StepRecord)
+        return others + self.step_count
 
     def step_rows(self) -> list[tuple[Any, ...]]:
         """Field tuples of every step record of the batch (block rows built on demand)."""

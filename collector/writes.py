@@ -73,8 +73,7 @@ def write_records(
         _WRITERS[record_type](conn, group, received_s, rows)
     counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
     if schema.StepRecord in checked.groups:  # block rows have no record objects
-        block = len(checked.block) if checked.block is not None else 0
-        counts[_TAGS[schema.StepRecord]] = len(checked.rows[schema.StepRecord]) + block
+        counts[_TAGS[schema.StepRecord]] = checked.step_count
     return Written(counts=counts, steps=steps)
 
 

@@ -203,8 +203,9 @@ def _explain(payload: bytes, exc: Exception) -> DecodeError:
         raw = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError:
         raw = None
-    version = raw.get("v", schema.SCHEMA_VERSION) if isinstance(raw, dict) else None
-    if isinstance(raw, dict) and version not in schema.SUPPORTED_VERSIONS:
+    if isinstance(raw, dict) and raw.get("v", schema.SCHEMA_VERSION) not in (
+        schema.SUPPORTED_VERSIONS
+    ):
         return _wrong_version(raw.get("v"))
     match = _PATH_RE.match(path)
     if match is None:

@@ -31,6 +31,7 @@ FIELDS: tuple[str, ...] = schema.StepRecord.__struct_fields__
 NUMERIC: tuple[str, ...] = tuple(f for f in FIELDS if f not in ("job_id", "loss"))
 _INDEX = {name: i for i, name in enumerate(NUMERIC)}
 _JOB = FIELDS.index("job_id")
+_LOSS = itemgetter(FIELDS.index("loss"))
 _PICK = itemgetter(*(FIELDS.index(f) for f in NUMERIC))
 # Fields a block must carry (the others have defaults), and the integer ones.
 REQUIRED: tuple[str, ...] = tuple(
@@ -121,15 +122,11 @@ def index(name: str) -> int:
     return _INDEX[name]
 
 
-def losses(records: Sequence[schema.StepRecord]) -> npt.NDArray[np.float64]:
-    """Each record's loss, NaN where unknown."""
-    return np.array([r.loss for r in records], dtype=np.float64).reshape(len(records))
-
-
 def to_block(records: Sequence[schema.StepRecord]) -> schema.StepBlock | None:
     """Step records packed as one wire block; None when a value cannot travel exactly as float64
     (an integer field at or above 2**53: the caller then sends the records as they are)."""
-    cols = from_records(records)
+    tuples = list(map(msgspec.structs.astuple, records))
+    cols = from_rows(tuples)
     ints = cols.values[:, _INT_COLS]
     if ints.size and not (ints < EXACT_LIMIT).all():
         return None
@@ -144,7 +141,8 @@ def to_block(records: Sequence[schema.StepRecord]) -> schema.StepBlock | None:
         job_ids=job_ids,
         jobs=jobs.tobytes(),
         values=cols.values.astype("<f8").tobytes(),
-        loss=losses(records).astype("<f8").tobytes(),
+        # None (unknown) becomes NaN.
+        loss=np.array(list(map(_LOSS, tuples)), dtype="<f8").reshape(len(tuples)).tobytes(),
     )
 
 

@@ -89,22 +89,23 @@ def test_step_columns_copy_in_binary_exactly_as_their_tuples(store: Store) -> No
         for job in ("job-a", "job-é")
         for rank in range(4)
     ]
+    assert _ingest_as_block(store, "copy-1", records) == sorted(map(writes.as_row, records))
+    rerun = [msgspec.structs.replace(r, mfu=0.25) for r in records[:5]]
+    expected = sorted(map(writes.as_row, rerun + records[5:]))
+    assert _ingest_as_block(store, "copy-2", rerun) == expected
+
+
+def _ingest_as_block(
+    store: Store, batch_id: str, records: list[schema.StepRecord]
+) -> list[tuple[object, ...]]:
+    """Ingest `records` as one columnar block; every stored step row, sorted."""
     block = columns.to_block(records)
     assert block is not None
-    batch = schema.Batch(v=schema.SCHEMA_VERSION, batch_id="copy-1", records=[])
+    batch = schema.Batch(v=schema.SCHEMA_VERSION, batch_id=batch_id, records=[])
     store.ingest(batch, validate.prepare_batch([], columns.from_block(block)))
     with store.read() as conn:
         stored = conn.execute(select(*tables.step_records.c[*writes.STEP_COLUMNS])).all()
-    assert sorted(map(tuple, stored)) == sorted(writes.as_row(r) for r in records)
-    rerun = [msgspec.structs.replace(r, mfu=0.25) for r in records[:5]]
-    block = columns.to_block(rerun)
-    assert block is not None
-    batch = schema.Batch(v=schema.SCHEMA_VERSION, batch_id="copy-2", records=[])
-    store.ingest(batch, validate.prepare_batch([], columns.from_block(block)))
-    with store.read() as conn:
-        stored = conn.execute(select(*tables.step_records.c[*writes.STEP_COLUMNS])).all()
-    expected = sorted(writes.as_row(r) for r in rerun + records[5:])
-    assert sorted(map(tuple, stored)) == expected
+    return sorted(map(tuple, stored))
 
 
 def test_the_binary_copy_stream_matches_psycopgs_own_rows() -> None:
