@@ -3,7 +3,7 @@
 `install()` wraps the public functions of `torch.distributed` (the names FSDP2, tensor
 parallelism and user code call through `dist.<name>`), and `Work.wait` to measure how long the
 training thread is blocked on asynchronous work. DDP's gradient all-reduce runs in C++ and is
-reached through a communication hook (`ddp_comm_hook`) that calls the wrapped `all_reduce`.
+reached through a communication hook (`ddp_comm_hook`) that records it and calls the process group.
 
 Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
 go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
@@ -21,11 +21,11 @@ import collections
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import threading
 import time
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -76,55 +76,83 @@ class _Agg:
     last_seq: int = 0
 
 
+class _Site:
+    """One (group, op[, peer]) a process issues: its names, encoded once for the progress page,
+    its group's sequence counter (shared by the group's ops) and its recent durations per
+    message size. Hashed by identity."""
+
+    __slots__ = ("baselines", "group", "group_b", "op", "op_b", "seqs")
+
+    def __init__(self, group: str, op: str, seqs: Iterator[int]) -> None:
+        self.group, self.op = group, op
+        self.group_b, self.op_b = progress.encode_group(group), progress.encode_op(op)
+        self.seqs = seqs
+        self.baselines: dict[int, collections.deque[float]] = {}
+
+
 @dataclasses.dataclass(slots=True)
 class _Pending:
     index: int
-    group: str
-    op: str
+    site: _Site
     seq: int
     nbytes: int
     start: float
     step: int
     cuda_start: Any = None
 
+    @property
+    def group(self) -> str:
+        return self.site.group
+
+    @property
+    def op(self) -> str:
+        return self.site.op
+
 
 class CollectiveRecorder:
-    """Per-process state: sequence numbers, the ring buffer cursor and per-step aggregates."""
+    """Per-process state: sequence numbers, the ring buffer cursor and per-step aggregates.
+
+    `step` is the step that collectives are attributed to; the session sets it at each step's
+    start."""
 
     def __init__(
         self,
         *,
         page: progress.PageWriter | None,
-        step_of: Callable[[], int],
         on_error: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
         wall_offset_s: float | None = None,
     ) -> None:
         self._page = page
-        self._step_of = step_of
         self._on_error = on_error
         self._clock = clock
         self._wall = time.time() - clock() if wall_offset_s is None else wall_offset_s
         self._lock = threading.Lock()
-        self._seqs: dict[str, int] = collections.defaultdict(int)
-        self._aggs: dict[tuple[str, str], _Agg] = {}
-        self._baselines: dict[tuple[str, str, int], collections.deque[float]] = {}
-        self._names: dict[int, str] = {}
-        # (id(group), peer) -> "<group>:p2p:<low>-<high>" (this rank's id is read once per pair)
-        self._p2p_names: dict[tuple[int, int], str] = {}
-        self._index = 0
+        self.step = 0
+        # (id(group), op) or (id(group), op, peer) -> site; a group's name is read once.
+        self._sites: dict[tuple[Any, ...], _Site] = {}
+        self._groups: dict[int, Any] = {}
+        # Per group name: next() on a C iterator is atomic under the GIL, no lock on the hot path.
+        self._seqs: dict[str, Iterator[int]] = {}
+        self._aggs: dict[_Site, _Agg] = {}
+        self._indices = itertools.count()
         self._cuda_pending: list[tuple[_Pending, Any]] = []
         self.blocked_s = 0.0  # training-thread time blocked in sync ops and Work.wait this step
         self.collective_s = 0.0
         self.training_thread = threading.get_ident()
 
     # -- naming ---------------------------------------------------------------------------
-    def group_name(self, group: Any) -> str:
-        key = id(group)
-        name = self._names.get(key)
-        if name is None:
-            name = self._names[key] = _describe_group(group)
-        return name
+    def _site(self, key: tuple[Any, ...], group: Any, op: str, peer: int | None) -> _Site:
+        # Keyed by id(): the group is held so that its id is never reused by another object
+        # (torch may hand out a fresh Python wrapper per call; holding one keeps it the one).
+        self._groups[id(group)] = group
+        name = _describe_group(group)
+        if peer is not None:
+            low, high = sorted((dist.get_rank(), peer))
+            name = f"{name}:p2p:{low}-{high}"
+        seqs = self._seqs.setdefault(name, itertools.count(1))
+        site = self._sites[key] = _Site(name, op, seqs)
+        return site
 
     # -- the hot path ---------------------------------------------------------------------
     def begin(
@@ -139,32 +167,26 @@ class CollectiveRecorder:
     ) -> _Pending:
         """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers)."""
         now = self._clock()
-        name = self._names.get(id(group))
-        if name is None:
-            name = self.group_name(group)
-        if peer is not None:
-            key = (id(group), peer)
-            p2p = self._p2p_names.get(key)
-            if p2p is None:
-                low, high = sorted((dist.get_rank(), peer))
-                p2p = self._p2p_names[key] = f"{name}:p2p:{low}-{high}"
-            name = p2p
-        nbytes, dtype, cuda = _size(tensors)
-        nbytes *= scale_bytes
-        with self._lock:
-            seqs = self._seqs
-            seq = seqs[name] = seqs[name] + 1
-            index = self._index
-            self._index = index + 1
-        step = self._step_of()
-        pending = _Pending(index, name, op, seq, nbytes, now, step)
+        key = (id(group), op) if peer is None else (id(group), op, peer)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._site(key, group, op, peer)
+        if type(tensors) is torch.Tensor:  # the common case, inline
+            nbytes, dtype_b, cuda = tensors.nbytes, _dtype_bytes(tensors.dtype), tensors.is_cuda
+        else:
+            nbytes, dtype_b, cuda = _size(tensors)
+        if scale_bytes != 1:
+            nbytes *= scale_bytes
+        seq, index, step = next(site.seqs), next(self._indices), self.step
+        pending = _Pending(index, site, seq, nbytes, now, step)
         if cuda:
             pending.cuda_start = _cuda_event()
         page = self._page
         if page is not None:
             page.begin_event(
-                index, seq, step, nbytes, now + self._wall, name, op, dtype, blocking, now
-            )
+                index, seq, step, nbytes, now + self._wall, site.group_b, site.op_b, dtype_b,
+                blocking, now,
+            )  # fmt: skip
         return pending
 
     def finish(self, pending: _Pending, *, sync: bool) -> None:
@@ -180,24 +202,24 @@ class CollectiveRecorder:
                 self.blocked_s += now - pending.start
                 page = self._page
                 if page is not None:
-                    page.leave_collective(
-                        pending.group, pending.seq, pending.op, now, now + self._wall
+                    site = pending.site
+                    page.mark_collective(
+                        site.group_b, pending.seq, site.op_b, False, now, now + self._wall
                     )
         except Exception as exc:  # fail-open: never raise into training or a comm thread
             self._on_error(exc)
 
     def _complete(self, pending: _Pending, duration: float, end: float) -> None:
-        group, op, nbytes, seq = pending.group, pending.op, pending.nbytes, pending.seq
-        key = (group, op, nbytes)
+        site, nbytes, seq = pending.site, pending.nbytes, pending.seq
         with self._lock:
-            window = self._baselines.get(key)
+            window = site.baselines.get(nbytes)
             if window is None:
-                window = self._baselines[key] = collections.deque(maxlen=_BASELINE_WINDOW)
+                window = site.baselines[nbytes] = collections.deque(maxlen=_BASELINE_WINDOW)
             window.append(duration)
             wait = duration - min(window)
-            agg = self._aggs.get((group, op))
+            agg = self._aggs.get(site)
             if agg is None:
-                agg = self._aggs[(group, op)] = _Agg()
+                agg = self._aggs[site] = _Agg()
             agg.count += 1
             agg.nbytes += nbytes
             agg.total_s += duration
@@ -222,14 +244,8 @@ class CollectiveRecorder:
             return
         try:
             now = self._clock()
-            page.collective(
-                pending.group,
-                pending.seq,
-                pending.op,
-                entering=True,
-                now_mono=now,
-                now_wall=now + self._wall,
-            )
+            site = pending.site
+            page.mark_collective(site.group_b, pending.seq, site.op_b, True, now, now + self._wall)
         except Exception as exc:  # fail-open
             self._on_error(exc)
 
@@ -239,7 +255,8 @@ class CollectiveRecorder:
             return
         try:
             now = self._clock()
-            page.leave_collective(pending.group, pending.seq, pending.op, now, now + self._wall)
+            site = pending.site
+            page.mark_collective(site.group_b, pending.seq, site.op_b, False, now, now + self._wall)
         except Exception as exc:  # fail-open
             self._on_error(exc)
 
@@ -248,37 +265,19 @@ class CollectiveRecorder:
             self.blocked_s += seconds
 
     # -- step boundary --------------------------------------------------------------------
-    def take(
-        self, *, job: str, rank: int, step: int
-    ) -> tuple[list[schema.CollectiveAggregate], float, float]:
-        """This step's aggregates, exposed blocked time and total collective time; resets them."""
-        self._resolve_cuda()
+    def swap(self) -> tuple[StepAggregates, float, float]:
+        """This step's aggregates (for `aggregate_records`), exposed blocked time and total
+        collective time; starts the next step's."""
+        if self._cuda_pending:
+            self._resolve_cuda()
         with self._lock:
             aggs, self._aggs = self._aggs, {}
             blocked, self.blocked_s = self.blocked_s, 0.0
             total, self.collective_s = self.collective_s, 0.0
-        records = [
-            schema.CollectiveAggregate(
-                job_id=job,
-                rank=rank,
-                step=step,
-                group=group,
-                op=op,
-                count=a.count,
-                bytes=a.nbytes,
-                total_device_s=a.total_s,
-                max_device_s=a.max_s,
-                total_wait_s=a.wait_s,
-                last_seq=a.last_seq,
-            )
-            for (group, op), a in aggs.items()
-        ]
-        return records, blocked, total
+        return aggs, blocked, total
 
     def _resolve_cuda(self) -> None:
         """Turn finished CUDA event pairs into durations without blocking on unfinished ones."""
-        if not self._cuda_pending:
-            return
         with self._lock:
             pending, self._cuda_pending = self._cuda_pending, []
         keep = []
@@ -290,6 +289,31 @@ class CollectiveRecorder:
                 keep.append((item, end_event))
         with self._lock:
             self._cuda_pending.extend(keep)
+
+
+StepAggregates = dict[_Site, _Agg]
+
+
+def aggregate_records(
+    aggs: StepAggregates, *, job: str, rank: int, step: int
+) -> list[schema.CollectiveAggregate]:
+    """One step's per-(group, op) aggregates as records (built off the training thread)."""
+    return [
+        schema.CollectiveAggregate(
+            job_id=job,
+            rank=rank,
+            step=step,
+            group=site.group,
+            op=site.op,
+            count=a.count,
+            bytes=a.nbytes,
+            total_device_s=a.total_s,
+            max_device_s=a.max_s,
+            total_wait_s=a.wait_s,
+            last_seq=a.last_seq,
+        )
+        for site, a in aggs.items()
+    ]
 
 
 def _describe_group(group: Any) -> str:
@@ -304,30 +328,27 @@ def _describe_group(group: Any) -> str:
     return f"pg:{ident}"[:32]
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
+_DTYPE_BYTES: dict[torch.dtype, bytes] = {}  # torch.float32 -> b"float32", as the page stores it
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
+def _dtype_bytes(dtype: torch.dtype) -> bytes:
+    name = _DTYPE_BYTES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype)[6:]
+        name = _DTYPE_BYTES[dtype] = progress.encode_dtype(str(dtype).removeprefix("torch."))
     return name
 
 
-def _size(tensors: Any) -> tuple[int, str, bool]:
+def _size(tensors: Any) -> tuple[int, bytes, bool]:
+    """(bytes, encoded dtype, on CUDA) of a tensor or a list of tensors (None: a barrier)."""
     if tensors is None:
-        return 0, "", False
+        return 0, b"", False
     if isinstance(tensors, torch.Tensor):
-        return (
-            tensors.numel() * tensors.element_size(),
-            _dtype_name(tensors.dtype),
-            tensors.is_cuda,
-        )
-    total, dtype, cuda = 0, "", False
+        return tensors.nbytes, _dtype_bytes(tensors.dtype), tensors.is_cuda
+    total, dtype, cuda = 0, b"", False
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            total += t.numel() * t.element_size()
-            dtype, cuda = _dtype_name(t.dtype), t.is_cuda
+            total += t.nbytes
+            dtype, cuda = _dtype_bytes(t.dtype), t.is_cuda
     return total, dtype, cuda
 
 
@@ -519,21 +540,23 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     return fut.then(done)
 
 
-_AVERAGING: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # group -> options
+# id(group) -> (group, options); the group is held, so its id stays its own.
+_AVERAGING: dict[int, tuple[Any, Any]] = {}
 
 
 def _average_options(group: Any) -> Any:
     """All-reduce options that average over `group`: AVG where the backend has it (NCCL),
     else SUM (the caller divides first)."""
-    options = _AVERAGING.get(group)
-    if options is None:
-        options = dist.AllreduceOptions()
-        try:
-            nccl = dist.get_backend(group) == dist.Backend.NCCL
-        except (RuntimeError, ValueError):  # not a registered group: take the portable path
-            nccl = False
-        options.reduceOp = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
-        _AVERAGING[group] = options
+    entry = _AVERAGING.get(id(group))
+    if entry is not None and entry[0] is group:
+        return entry[1]
+    options = dist.AllreduceOptions()
+    try:
+        nccl = dist.get_backend(group) == dist.Backend.NCCL
+    except (RuntimeError, ValueError):  # not a registered group: take the portable path
+        nccl = False
+    options.reduceOp = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
+    _AVERAGING[id(group)] = (group, options)
     return options
 
 

@@ -2,10 +2,12 @@
 
 `PhaseTimer.watch(model, optimizer)` installs:
 - a forward pre-hook and forward hook on the root module (forward time, summed over micro-batches);
-- a tensor hook on the forward output's first grad-requiring tensor: it fires when the gradient of
-  the output arrives, i.e. when backward reaches the model; backward ends at the optimizer step,
-  the next forward or the step's end, whichever comes first;
 - optimizer step pre/post hooks (optimizer time).
+Backward is the time from the end of a forward whose output needs gradients to the optimizer
+step, the next forward or the step's end, whichever comes first: it includes the loss
+computation. (A per-forward hook on the output's gradient would exclude the loss but costs the
+training thread more than all the other hooks together; on GPUs, where these CPU-side
+timestamps mark launches, the two differ by the loss's launch time only.)
 
 Hooks only read a monotonic clock and add to floats; they never raise into training (errors are
 counted through `on_error`). No I/O, no torch.distributed.
@@ -72,9 +74,10 @@ class PhaseTimer:
             self.backward_s += max(0.0, now - self._backward_start)
             self._backward_start = None
 
-    def take(self) -> tuple[float, float, float]:
-        """(forward_s, backward_s, optimizer_s) of the step that just ended; resets the sums."""
-        self.end_backward()
+    def take(self, now: float | None = None) -> tuple[float, float, float]:
+        """(forward_s, backward_s, optimizer_s) of the step that just ended (at `now`); resets
+        the sums."""
+        self.end_backward(now)
         sums = (self.forward_s, self.backward_s, self.optimizer_s)
         self.reset()
         return sums
@@ -90,19 +93,12 @@ class PhaseTimer:
 
     def _post_forward(self, _module: Any, _args: Any, output: Any) -> None:
         try:
+            now = self._clock()
             if self._forward_start is not None:
-                self.forward_s += self._clock() - self._forward_start
+                self.forward_s += now - self._forward_start
                 self._forward_start = None
-            tensor = _first_grad_tensor(output) if torch.is_grad_enabled() else None
-            if tensor is not None:
-                tensor.register_hook(self._on_output_grad)  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            self._on_error(exc)
-
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
-        try:
-            if self._backward_start is None:
-                self._backward_start = self._clock()
+            if torch.is_grad_enabled() and _first_grad_tensor(output) is not None:
+                self._backward_start = now
         except Exception as exc:
             self._on_error(exc)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import mmap
 import os
 import struct
@@ -90,6 +91,19 @@ def _text(raw: bytes) -> str:
 @functools.lru_cache(maxsize=4096)  # group/op/dtype names repeat: encode each once
 def _enc(text: str, size: int) -> bytes:
     return text.encode("utf-8")[:size]
+
+
+def encode_group(name: str) -> bytes:
+    """A process group's name as the page stores it (callers on hot paths encode once)."""
+    return _enc(name, 32)
+
+
+def encode_op(op: str) -> bytes:
+    return _enc(op, 24)
+
+
+def encode_dtype(dtype: str) -> bytes:
+    return _enc(dtype, 16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -214,20 +228,22 @@ class PageWriter:
         self, group: str, seq: int, op: str, *, entering: bool, now_mono: float, now_wall: float
     ) -> None:
         """Mark entering (or leaving) collective `seq` of `group`."""
+        self.mark_collective(encode_group(group), seq, encode_op(op), entering, now_mono, now_wall)
+
+    def mark_collective(
+        self,
+        group_b: bytes,
+        seq: int,
+        op_b: bytes,
+        entering: bool,
+        now_mono: float,
+        now_wall: float,
+    ) -> None:
+        """`collective()` with encoded names and positional arguments (the recorder's hot path)."""
         live = self._live
         live[0] = _IN_COLLECTIVE if entering else _COMPUTE
         live[2], live[3] = now_mono, now_wall
-        live[5], live[6], live[7] = seq, _enc(group, 32), _enc(op, 24)
-        self._write_live()
-
-    def leave_collective(
-        self, group: str, seq: int, op: str, now_mono: float, now_wall: float
-    ) -> None:
-        """`collective(..., entering=False)` with positional arguments (the recorder's hot path)."""
-        live = self._live
-        live[0] = _COMPUTE
-        live[2], live[3] = now_mono, now_wall
-        live[5], live[6], live[7] = seq, _enc(group, 32), _enc(op, 24)
+        live[5], live[6], live[7] = seq, group_b, op_b
         self._write_live()
 
     def begin_event(
@@ -237,34 +253,28 @@ class PageWriter:
         step: int,
         nbytes: int,
         wall: float,
-        group: str,
-        op: str,
-        dtype: str,
+        group_b: bytes,
+        op_b: bytes,
+        dtype_b: bytes,
         entering: bool,
         now_mono: float,
     ) -> None:
         """`write_event(index, ..., enqueue_s=start_s=wall, end_s=0)` then `collective(group, seq,
-        op, entering=entering, now_mono=now_mono, now_wall=wall)`, in one call (the hot path)."""
+        op, entering=entering, now_mono=now_mono, now_wall=wall)`, in one call (the hot path).
+        Names come encoded once by the caller (`encode_group`, `encode_op`, `encode_dtype`)."""
         buf = self._map
         capacity = self.capacity
         offset = _OFF_RING + (index % capacity) * SLOT_SIZE
         version = (index // capacity) * 2 + 1
-        group_b, op_b = _enc(group, 32), _enc(op, 24)
         _SEQ.pack_into(buf, offset, version)
-        _SLOT.pack_into(
-            buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, _enc(dtype, 16)
-        )
+        _SLOT.pack_into(buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, dtype_b)
         _SEQ.pack_into(buf, offset, version + 1)
         live = self._live
         live[8] = index + 1
         live[0] = _IN_COLLECTIVE if entering else _COMPUTE
         live[2], live[3] = now_mono, wall
         live[5], live[6], live[7] = seq, group_b, op_b
-        seq_l = self._live_seq + 1
-        _SEQ.pack_into(buf, _OFF_LIVE, seq_l)
-        _LIVE.pack_into(buf, _OFF_LIVE + 8, *live)
-        self._live_seq = seq_l + 1
-        _SEQ.pack_into(buf, _OFF_LIVE, seq_l + 1)
+        self._write_live()
 
     def write_event(
         self,
@@ -309,18 +319,29 @@ class PageWriter:
         if _SEQ.unpack_from(self._map, offset)[0] == version:
             _F64.pack_into(self._map, offset + 8 + 40, end_s)
 
-    def step_done(self, summary: StepSummary) -> None:
+    def step_done(
+        self,
+        step: int,
+        step_time_s: float,
+        mfu: float = 0.0,
+        comm_wait_s: float = 0.0,
+        collective_s: float = 0.0,
+        end_wall_s: float = 0.0,
+        tokens: int = 0,
+        loss: float = math.nan,
+    ) -> None:
+        """The last finished step (`StepSummary`'s fields; positional on the step-end path)."""
         self._guarded(
             _OFF_STEP,
             _STEP,
-            summary.step,
-            summary.step_time_s,
-            summary.mfu,
-            summary.comm_wait_s,
-            summary.collective_s,
-            summary.end_wall_s,
-            summary.tokens,
-            summary.loss,
+            step,
+            step_time_s,
+            mfu,
+            comm_wait_s,
+            collective_s,
+            end_wall_s,
+            tokens,
+            loss,
         )
 
     def health(self, health: Health) -> None:

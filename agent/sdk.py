@@ -141,28 +141,10 @@ def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
         _session.count_error(exc)
 
 
-@contextlib.contextmanager
-def step(step: int, *, tokens: int = 0) -> Iterator[session.StepHandle]:
-    """Mark one training step; the handle's `.set_loss(x)` attaches the loss."""
-    current_session = _session
-    if current_session is None:
-        yield session.StepHandle(step, tokens)
-        return
-    try:
-        manager = current_session.step(step, tokens)
-        handle = manager.__enter__()
-    except Exception as exc:
-        current_session.count_error(exc)
-        yield session.StepHandle(step, tokens)
-        return
-    try:
-        yield handle
-    except BaseException as exc:
-        with contextlib.suppress(Exception):
-            manager.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    with contextlib.suppress(Exception):
-        manager.__exit__(None, None, None)
+def step(step: int, *, tokens: int = 0) -> session.StepScope:
+    """Mark one training step (`with vigil.agent.step(i, tokens=n) as s:`); the handle's
+    `.set_loss(x)` attaches the loss."""
+    return session.StepScope(_session, session.StepHandle(step, tokens))
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import torch
 
@@ -36,6 +36,7 @@ _SPAN_FIELDS = ("data", "forward", "backward", "optimizer")
 # Step times remembered to learn the hang threshold.
 _HISTORY = 32
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
+_COMPUTE = schema.RankState.COMPUTE
 
 
 class StepHandle:
@@ -51,6 +52,38 @@ class StepHandle:
     def set_loss(self, loss: Any) -> None:
         """A float, or a scalar tensor (read by the background thread, never synced here)."""
         self.loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+
+
+class StepScope:
+    """`with vigil.agent.step(i) as s:`: a plain context manager, not a generator (the step
+    boundary is the SDK's hottest path in the training thread). Fail-open: its own errors are
+    counted, the step's exceptions pass through, and the step is recorded either way."""
+
+    __slots__ = ("_open", "_session", "handle")
+
+    def __init__(self, session: Session | None, handle: StepHandle) -> None:
+        self._session = session
+        self.handle = handle
+        self._open = False
+
+    def __enter__(self) -> StepHandle:
+        session = self._session
+        if session is not None:
+            try:
+                self._open = session.begin_step(self.handle)
+            except Exception as exc:
+                session.count_error(exc)
+        return self.handle
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._open:
+            self._open = False
+            session = self._session
+            assert session is not None
+            try:
+                session.end_step(self.handle)
+            except Exception as exc:
+                session.count_error(exc)
 
 
 class Session:
@@ -74,7 +107,6 @@ class Session:
         self.queue = sinks.RecordQueue(cfg.max_queued_records)
         self.recorder = collectives.CollectiveRecorder(
             page=self.page,
-            step_of=lambda: max(self.current_step, 0),
             on_error=self.count_error,
             clock=clock,
             wall_offset_s=self._wall_offset,
@@ -92,10 +124,13 @@ class Session:
         # Host peak RSS, refreshed by the flusher each interval (getrusage costs microseconds per
         # step); on CUDA the step record reads the allocator's peak directly.
         self._peak_memory_bytes = _peak_memory()
-        # Step records whose loss is a tensor wait here until the flusher reads it (no sync).
-        self._pending_losses: collections.deque[tuple[schema.StepRecord, torch.Tensor | None]] = (
-            collections.deque()
+        # Ended steps, as raw numbers: the flusher builds their records (and reads a tensor
+        # loss, which may sync a device) off the training thread. Bounded like the queue.
+        self._ended: collections.deque[_EndedStep] = collections.deque(
+            maxlen=cfg.max_queued_records
         )
+        self.dropped_steps = 0
+        self._flop_mode: Any = None
         self.device_kind, self.peak_flops = self._resolve_peak()
         self.flops_per_token = self._resolve_flops()
         self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
@@ -204,107 +239,82 @@ class Session:
             except RuntimeError as exc:  # the user registered their own hook already
                 log.warning("DDP already has a comm hook; its all-reduces are not timed: %s", exc)
 
-    @contextlib.contextmanager
-    def step(self, step: int, tokens: int) -> Iterator[StepHandle]:
-        handle = StepHandle(step, tokens)
-        if self._in_step:  # nested step(): the outer one is the boundary
-            yield handle
-            return
-        self._begin_step(step)
-        counter = self._flop_counter()
-        try:
-            if counter is None:
-                yield handle
-            else:
-                with counter:
-                    yield handle
-        finally:
-            if counter is not None:
-                self._learn_flops(counter, tokens)
-            try:
-                self._end_step(handle)
-            except Exception as exc:
-                self.count_error(exc)
+    def step(self, step: int, tokens: int) -> StepScope:
+        return StepScope(self, StepHandle(step, tokens))
 
-    def _begin_step(self, step: int) -> None:
+    def begin_step(self, handle: StepHandle) -> bool:
+        """Open a step; False for a nested one (the outer step is the boundary)."""
+        if self._in_step:
+            return False
         self._in_step = True
+        step = handle.step
         self.current_step = step
-        self._step_start = self._clock()
+        self.recorder.step = max(step, 0)
         self.phases.reset()
-        self._publish(schema.RankState.COMPUTE, step=step)
+        if self._count_flops_next:  # once: measure the model's FLOPs per token
+            self._count_flops_next = False
+            from torch.utils.flop_counter import FlopCounterMode
 
-    def _flop_counter(self) -> Any:
-        if not self._count_flops_next:
-            return None
-        self._count_flops_next = False
-        from torch.utils.flop_counter import FlopCounterMode
+            self._flop_mode = FlopCounterMode(display=False)
+            self._flop_mode.__enter__()
+        now = self._clock()
+        self._step_start = now
+        self.page.progress(_COMPUTE, now_mono=now, now_wall=now + self._wall_offset, step=step)
+        return True
 
-        return FlopCounterMode(display=False)
+    def end_step(self, handle: StepHandle) -> None:
+        """Close the step: page and hang history now, the records later (flusher thread)."""
+        end = self._clock()
+        self._in_step = False
+        if self._flop_mode is not None:
+            self._learn_flops(handle.tokens)
+        forward_s, backward_s, optimizer_s = self.phases.take(end)
+        aggs, blocked_s, collective_s = self.recorder.swap()
+        start = self._step_start
+        seconds = end - start
+        tokens = handle.tokens
+        util = mfu.mfu(
+            flops_per_token=self.flops_per_token or 0.0,
+            tokens=tokens,
+            seconds=seconds,
+            peak_flops=self.peak_flops,
+        )
+        spans = self._spans
+        if spans:
+            self._spans = collections.defaultdict(float)
+        loss = handle.loss
+        ended = self._ended
+        if len(ended) == ended.maxlen:
+            self.dropped_steps += 1
+        ended.append(
+            _EndedStep(
+                handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
+                blocked_s, aggs, spans, util, _cuda_peak_memory() or self._peak_memory_bytes,
+            )
+        )  # fmt: skip
+        self._step_times.append(seconds)
+        wall = end + self._wall_offset
+        self.page.step_done(
+            handle.step,
+            seconds,
+            util,
+            blocked_s,
+            collective_s,
+            wall,
+            tokens,
+            float(loss) if isinstance(loss, _NUMBER) else math.nan,
+        )
+        self.page.progress(_COMPUTE, now_mono=end, now_wall=wall)
+        if self._requests or self.page.control_seq() != self._control_seq:
+            self._run_control()
 
-    def _learn_flops(self, counter: Any, tokens: int) -> None:
+    def _learn_flops(self, tokens: int) -> None:
+        counter, self._flop_mode = self._flop_mode, None
+        counter.__exit__(None, None, None)
         total = float(counter.get_total_flops())
         if tokens > 0 and total > 0:
             self.flops_per_token = total / tokens
             log.info("measured %.3g model FLOPs per token", self.flops_per_token)
-
-    def _end_step(self, handle: StepHandle) -> None:
-        end = self._clock()
-        self._in_step = False
-        forward_s, backward_s, optimizer_s = self.phases.take()
-        cfg = self.cfg
-        aggs, blocked_s, collective_s = self.recorder.take(
-            job=cfg.job, rank=cfg.rank, step=handle.step
-        )
-        seconds = end - self._step_start
-        flops = (self.flops_per_token or 0.0) * handle.tokens
-        util = mfu.mfu(
-            flops_per_token=self.flops_per_token or 0.0,
-            tokens=handle.tokens,
-            seconds=seconds,
-            peak_flops=self.peak_flops,
-        )
-        # Spans since the previous step's end count for this step: a "data" span before
-        # `with step(...)` (the usual `for batch in loader` loop) is this step's data time.
-        spans, self._spans = self._spans, collections.defaultdict(float)
-        record = schema.StepRecord(
-            job_id=cfg.job,
-            rank=cfg.rank,
-            step=handle.step,
-            start_s=self._step_start + self._wall_offset,
-            end_s=end + self._wall_offset,
-            data_s=spans.get("data", 0.0),
-            forward_s=forward_s + spans.get("forward", 0.0),
-            backward_s=backward_s + spans.get("backward", 0.0),
-            optimizer_s=optimizer_s + spans.get("optimizer", 0.0),
-            comm_wait_s=blocked_s,
-            tokens=max(0, handle.tokens),
-            model_flops=flops,
-            mfu=util,
-            loss=handle.loss if isinstance(handle.loss, _NUMBER) else None,
-            peak_memory_bytes=_cuda_peak_memory() or self._peak_memory_bytes,
-        )
-        if isinstance(handle.loss, torch.Tensor) or self._pending_losses:
-            # Keeps step order: later records wait behind one whose loss is still a tensor.
-            loss = handle.loss if isinstance(handle.loss, torch.Tensor) else None
-            self._pending_losses.append((record, loss))
-        else:
-            self.queue.put(record)
-        self.queue.extend(aggs)
-        self._step_times.append(seconds)
-        self.page.step_done(
-            progress.StepSummary(
-                step=handle.step,
-                step_time_s=seconds,
-                mfu=util,
-                comm_wait_s=blocked_s,
-                collective_s=collective_s,
-                end_wall_s=end + self._wall_offset,
-                tokens=handle.tokens,
-                loss=float(handle.loss) if isinstance(handle.loss, _NUMBER) else math.nan,
-            )
-        )
-        self._publish(schema.RankState.COMPUTE)
-        self._run_control()
 
     @contextlib.contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -328,10 +338,7 @@ class Session:
         self._requests.append(kind)
 
     def _run_control(self) -> None:
-        if self.page.control_seq() == self._control_seq:  # the common case: nothing new
-            seq, kind = self._control_seq, ""
-        else:
-            seq, kind = self.page.control()
+        seq, kind = self.page.control()
         if seq != self._control_seq:
             self._control_seq = seq
             self.page.ack(seq)
@@ -364,7 +371,7 @@ class Session:
     # -- background tick (flusher thread) -------------------------------------------------
     def _tick(self) -> None:
         self._peak_memory_bytes = _peak_memory()
-        self._settle_losses()
+        self._settle_steps()
         reader = progress.PageReader(self.page.path)
         try:
             snap = reader.snapshot()
@@ -388,7 +395,8 @@ class Session:
 
     def _write_health(self) -> None:
         stats = self.shipper.stats if self.shipper else None
-        dropped = self.queue.dropped + (self.shipper.spool.dropped_records if self.shipper else 0)
+        dropped = self.queue.dropped + self.dropped_steps
+        dropped += self.shipper.spool.dropped_records if self.shipper else 0
         self.page.health(
             progress.Health(
                 internal_errors=self.internal_errors,
@@ -398,17 +406,35 @@ class Session:
             )
         )
 
-    def _settle_losses(self) -> None:
-        while self._pending_losses:
-            record, loss = self._pending_losses.popleft()
-            if loss is not None:
-                try:
-                    value = float(loss)
-                except Exception:
-                    value = math.nan
-                if math.isfinite(value):
-                    record.loss = value
-            self.queue.put(record)
+    def _settle_steps(self) -> None:
+        """Queue the records of the steps ended since the last call, in step order."""
+        cfg = self.cfg
+        ended = self._ended
+        while ended:
+            e = ended.popleft()
+            spans = e.spans
+            self.queue.put(
+                schema.StepRecord(
+                    job_id=cfg.job,
+                    rank=cfg.rank,
+                    step=e.step,
+                    start_s=e.start + self._wall_offset,
+                    end_s=e.end + self._wall_offset,
+                    data_s=spans.get("data", 0.0),
+                    forward_s=e.forward_s + spans.get("forward", 0.0),
+                    backward_s=e.backward_s + spans.get("backward", 0.0),
+                    optimizer_s=e.optimizer_s + spans.get("optimizer", 0.0),
+                    comm_wait_s=e.blocked_s,
+                    tokens=max(0, e.tokens),
+                    model_flops=(self.flops_per_token or 0.0) * e.tokens,
+                    mfu=e.mfu,
+                    loss=_loss_value(e.loss),
+                    peak_memory_bytes=e.peak_memory_bytes,
+                )
+            )
+            self.queue.extend(
+                collectives.aggregate_records(e.aggs, job=cfg.job, rank=cfg.rank, step=e.step)
+            )
 
     def hang_threshold_s(self) -> float:
         slowest = max(self._step_times, default=0.0)
@@ -436,7 +462,7 @@ class Session:
             collectives.uninstall()
         self.phases.remove()
         self._publish(schema.RankState.FINISHED)
-        self._settle_losses()
+        self._settle_steps()
         cfg = self.cfg
         self.queue.put(
             schema.Heartbeat(
@@ -454,6 +480,35 @@ class Session:
                 faulthandler.unregister(self.cfg.stack_signal)
             self._stacks_file.close()
         self.page.close()
+
+
+class _EndedStep(NamedTuple):
+    """What the training thread keeps of an ended step until the flusher builds its records."""
+
+    step: int
+    start: float
+    end: float
+    tokens: int
+    loss: Any  # a number, a detached scalar tensor or None
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    blocked_s: float
+    aggs: collectives.StepAggregates
+    spans: dict[str, float]
+    mfu: float
+    peak_memory_bytes: int
+
+
+def _loss_value(loss: Any) -> float | None:
+    """A finite float, or None when unknown (a tensor is read here, off the training thread)."""
+    if loss is None:
+        return None
+    try:
+        value = float(loss)
+    except Exception:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _cuda_peak_memory() -> int:

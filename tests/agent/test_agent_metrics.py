@@ -83,7 +83,7 @@ def _page(tmp_path: Path) -> progress.PageWriter:
         capacity=16,
     )
     writer.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=1.0, step=41)
-    writer.step_done(progress.StepSummary(step=41, step_time_s=1.25, mfu=0.41, comm_wait_s=0.2))
+    writer.step_done(step=41, step_time_s=1.25, mfu=0.41, comm_wait_s=0.2)
     return writer
 
 

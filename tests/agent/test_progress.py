@@ -65,7 +65,7 @@ def test_snapshot_reads_what_the_writer_wrote(tmp_path: Path) -> None:
         "all_reduce",
     )
     assert snap.progress_mono_s == 11.0 and snap.step_start_mono_s == 10.0 and snap.ring_head == 1
-    writer.step_done(progress.StepSummary(step=7, step_time_s=0.5, mfu=0.4, tokens=64))
+    writer.step_done(step=7, step_time_s=0.5, mfu=0.4, tokens=64)
     writer.health(progress.Health(internal_errors=2, dropped_records=5))
     snap = reader.snapshot()
     assert (snap.last.step, snap.last.step_time_s, snap.last.mfu, snap.last.tokens) == (
@@ -125,7 +125,7 @@ def test_reads_are_consistent_while_another_thread_writes(tmp_path: Path) -> Non
         step = 0
         while not stop.is_set():
             step += 1
-            writer.step_done(progress.StepSummary(step=step, step_time_s=2.0 * step, tokens=step))
+            writer.step_done(step=step, step_time_s=2.0 * step, tokens=step)
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads constantly, also in the middle of a write
@@ -165,7 +165,8 @@ def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_pat
 
     writer = _writer(tmp_path)
     reader = progress.PageReader(writer.path)
-    recorder = collectives.CollectiveRecorder(page=writer, step_of=lambda: 5, on_error=print)
+    recorder = collectives.CollectiveRecorder(page=writer, on_error=print)
+    recorder.step = 5
     pending = recorder.begin("all_gather_single", None, torch.ones(4), None, blocking=False)
     writer.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=1e9, step=5)
     seen: list[progress.PageSnapshot] = []

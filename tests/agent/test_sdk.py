@@ -164,10 +164,10 @@ def test_stacks_on_signal_and_ring_dump_when_the_loop_stalls(dirs: tuple[Path, P
 def test_internal_errors_are_counted_and_training_goes_on(dirs: tuple[Path, Path]) -> None:
     session = _init(dirs)
 
-    def broken(**_kwargs: object) -> None:
+    def broken() -> None:
         raise RuntimeError("recorder broke")
 
-    session.recorder.take = broken  # type: ignore[method-assign, assignment]
+    session.recorder.swap = broken  # type: ignore[method-assign, assignment]
     done = []
     for i in range(3):
         with vigil.agent.step(i):
