@@ -4,17 +4,20 @@
 
 The model is a small transformer encoder (hundreds of ops per step, like real models; the
 profiler's cost grows with ops, the SDK's only with steps and collectives). The ranks run rounds
-of four blocks in a rotating order, so machine noise hits all alike:
+of five blocks in a rotating order, so machine noise hits all alike:
   - plain;
   - with the vigil SDK (init + watch + step + collective timing, JSONL output);
   - under torch.profiler (default activities, schedule wait=1 warmup=1 active=3);
   - with torch's own default DDP comm hook alone: the floor of any Python comm hook, which
-    timing DDP's all-reduce needs.
+    timing DDP's all-reduce needs;
+  - plain again: an A/A control; its ratio to plain is this machine's noise at this run length.
 Each block builds a fresh DDP model (same seed) and discards its first step. Ratios are median
-step time with / without (rank 0's clock; synchronous DDP makes ranks agree). The per-collective
-hook cost is measured on a one-member gloo group (no peers to wait for), wrapped vs unwrapped,
-in alternating batches (the fastest batch of each). Last line: one JSON object with
-sdk_overhead_ratio, profiler_overhead_ratio, hook_cost_us and ddp_comm_hook_ratio.
+step time with / without (rank 0's clock; synchronous DDP makes ranks agree), printed with a
+bootstrap 90 % interval over the measured steps. Progress pages live in /dev/shm, as by
+default. The per-collective hook cost is measured on a one-member gloo group (no peers to wait
+for), wrapped vs unwrapped, in alternating batches (the fastest batch of each). Last line: one
+JSON object with sdk_overhead_ratio, profiler_overhead_ratio, hook_cost_us and
+ddp_comm_hook_ratio.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -34,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -41,7 +46,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import vigil.agent
 from vigil.agent import collectives
 
-MODES = ("plain", "sdk", "profiler", "ddp_hook")
+MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 
 
 def _model(hidden: int, layers: int) -> torch.nn.Module:
@@ -68,16 +73,16 @@ def _no_sdk_step(step: int, *, tokens: int) -> Iterator[_Handle]:
     yield _Handle()
 
 
-def _block(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[list[float], list[float]]:
+def _block(
+    mode: str, args: argparse.Namespace, tmp: Path, pages: Path
+) -> tuple[list[float], list[float]]:
     """(wall seconds, training-thread CPU seconds) of each measured step."""
     steps, batch = args.steps, args.batch
     model = torch.nn.parallel.DistributedDataParallel(_model(args.hidden, args.layers))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     profiler: Any = None
     if mode == "sdk":
-        vigil.agent.init(
-            job="bench", output_dir=tmp / "out", progress_dir=tmp / "pages", peak_flops=1e11
-        )
+        vigil.agent.init(job="bench", output_dir=tmp / "out", progress_dir=pages, peak_flops=1e11)
         vigil.agent.watch(model, opt)
     elif mode == "ddp_hook":
         model.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -109,7 +114,7 @@ def _block(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[list[float],
     return times[1:], cpu[1:]  # the first step builds DDP buckets / allocator state
 
 
-def _hook_cost_us(tmp: Path, solo: Any, calls: int = 200, repeats: int = 25) -> float:
+def _hook_cost_us(tmp: Path, pages: Path, solo: Any, calls: int = 200, repeats: int = 25) -> float:
     t = torch.ones(8)
 
     def batch() -> float:
@@ -118,7 +123,7 @@ def _hook_cost_us(tmp: Path, solo: Any, calls: int = 200, repeats: int = 25) -> 
             dist.all_reduce(t, group=solo)
         return (time.perf_counter() - start) / calls
 
-    session = vigil.agent.init(job="hookcost", output_dir=tmp / "out", progress_dir=tmp / "pages")
+    session = vigil.agent.init(job="hookcost", output_dir=tmp / "out", progress_dir=pages)
     assert session is not None
     recorder = session.recorder
     plain, wrapped = [], []
@@ -137,6 +142,8 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     tmp = Path(tempfile.mkdtemp(prefix=f"vigil-bench-{rank}-"))
+    shm = Path("/dev/shm")
+    pages = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else tmp / "pages"
     orders = [MODES[i:] + MODES[:i] for i in range(len(MODES))]
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -144,16 +151,17 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
     for r in range(args.rounds):
         medians = {}
         for mode in orders[r % len(orders)]:
-            block, block_cpu = _block(mode, args, tmp)
+            block, block_cpu = _block(mode, args, tmp, pages)
             times[mode] += block
             cpu[mode] += block_cpu
             medians[mode] = statistics.median(block)
         rounds.append(medians)
     # Rank 0 alone measures the hook cost while the others wait: no self-inflicted contention.
     solo = dist.new_group([rank], use_local_synchronization=True)
-    hook_us = _hook_cost_us(tmp, solo) if rank == 0 else 0.0
+    hook_us = _hook_cost_us(tmp, pages, solo) if rank == 0 else 0.0
     dist.barrier()
     dist.destroy_process_group()
+    shutil.rmtree(pages, ignore_errors=True)
     if rank == 0:
         _report(times, cpu, rounds, hook_us, world)
 
@@ -170,11 +178,16 @@ def _report(
     prof_ratio = med["profiler"] / med["plain"]
     cpu_med = {mode: statistics.median(values) for mode, values in cpu.items()}
     print(f"{world} ranks (gloo, CPU), {len(times['plain'])} measured steps per mode")
-    print(f"{'mode':<10}{'median step ms':>16}{'ratio':>9}{'thread CPU ms':>16}{'ratio':>9}")
+    print(
+        f"{'mode':<12}{'median step ms':>15}{'ratio':>8}{'90% interval':>18}"
+        f"{'thread CPU ms':>15}{'ratio':>8}"
+    )
     for mode in MODES:
+        low, high = _interval(times[mode], times["plain"])
         print(
-            f"{mode:<10}{med[mode] * 1e3:>16.2f}{med[mode] / med['plain']:>9.4f}"
-            f"{cpu_med[mode] * 1e3:>16.2f}{cpu_med[mode] / cpu_med['plain']:>9.4f}"
+            f"{mode:<12}{med[mode] * 1e3:>15.2f}{med[mode] / med['plain']:>8.4f}"
+            f"{f'{low:.4f}-{high:.4f}':>18}"
+            f"{cpu_med[mode] * 1e3:>15.2f}{cpu_med[mode] / cpu_med['plain']:>8.4f}"
         )
     if sdk_ratio > 1.0:
         print(f"profiler overhead / SDK overhead: {(prof_ratio - 1.0) / (sdk_ratio - 1.0):.1f}x")
@@ -201,6 +214,17 @@ def _report(
             }
         )
     )
+
+
+def _interval(with_: list[float], without: list[float], draws: int = 2000) -> tuple[float, float]:
+    """Bootstrap 90 % interval of median(with_) / median(without), steps resampled."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(with_), np.asarray(without)
+    ratios = [
+        np.median(rng.choice(a, a.size)) / np.median(rng.choice(b, b.size)) for _ in range(draws)
+    ]
+    low, high = np.percentile(ratios, [5, 95])
+    return float(low), float(high)
 
 
 def main() -> None:
