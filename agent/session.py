@@ -37,6 +37,7 @@ _SPAN_FIELDS = ("data", "forward", "backward", "optimizer")
 _HISTORY = 32
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
 _COMPUTE = schema.RankState.COMPUTE
+_NO_SPANS: dict[str, float] = {}  # an ended step without spans (read only)
 
 
 class StepHandle:
@@ -282,6 +283,8 @@ class Session:
         spans = self._spans
         if spans:
             self._spans = collections.defaultdict(float)
+        else:  # not the live dict: the next step's spans must not land in this step's record
+            spans = _NO_SPANS
         loss = handle.loss
         ended = self._ended
         if len(ended) == ended.maxlen:

@@ -29,13 +29,13 @@ def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 def _init(dirs: tuple[Path, Path], **options: object) -> vigil.agent.Session:
     out, pages = dirs
     options.setdefault("measure_cpu_peak", False)
+    options.setdefault("flush_interval_s", 0.05)
     session = vigil.agent.init(
         job="unit",
         output_dir=out,
         progress_dir=pages,
         rank=0,
         world_size=1,
-        flush_interval_s=0.05,
         **options,
     )
     assert session is not None
@@ -57,6 +57,23 @@ def _loop(steps: range, model: torch.nn.Module, opt: torch.optim.Optimizer) -> N
             opt.step()
             opt.zero_grad()
             s.set_loss(loss)
+
+
+def test_each_step_record_has_its_own_spans(dirs: tuple[Path, Path]) -> None:
+    """Records are built later, off the training thread: a span after a step ends (the next
+    step's data loading) must not show up in that step's record."""
+    _init(dirs, flush_interval_s=60.0)  # nothing is flushed until shutdown
+    with vigil.agent.step(0, tokens=1):
+        pass
+    with vigil.agent.span("data"):
+        time.sleep(0.02)
+    with vigil.agent.step(1, tokens=1):
+        pass
+    with vigil.agent.step(2, tokens=1):
+        pass
+    vigil.agent.shutdown()
+    data = {r.step: r.data_s for r in _records(dirs[0]) if isinstance(r, schema.StepRecord)}
+    assert data[0] == 0.0 and data[1] >= 0.02 and data[2] == 0.0
 
 
 def test_everything_is_a_cheap_no_op_before_init() -> None:
