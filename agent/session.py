@@ -122,9 +122,11 @@ class Session:
         self._requests: collections.deque[str] = collections.deque()
         self._control_seq = 0
         self._hang_reported_at = -1.0
-        # Host peak RSS, refreshed by the flusher each interval (getrusage costs microseconds per
-        # step); on CUDA the step record reads the allocator's peak directly.
-        self._peak_memory_bytes = _peak_memory()
+        # Peak memory (the CUDA allocator's on the training thread's device, else host RSS),
+        # refreshed by the flusher each interval: reading it costs the training thread tens of
+        # microseconds (the allocator's whole statistics dict), and it only ever grows.
+        self._cuda_device: int | None = None
+        self._peak_memory_bytes = _peak_memory(None)
         # Ended steps, as raw numbers: the flusher builds their records (and reads a tensor
         # loss, which may sync a device) off the training thread. Bounded like the queue.
         self._ended: collections.deque[_EndedStep] = collections.deque(
@@ -292,10 +294,12 @@ class Session:
         ended.append(
             _EndedStep(
                 handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
-                blocked_s, aggs, spans, util, _cuda_peak_memory() or self._peak_memory_bytes,
+                blocked_s, aggs, spans, util,
             )
         )  # fmt: skip
         self._step_times.append(seconds)
+        if self._cuda_device is None and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            self._cuda_device = torch.cuda.current_device()  # this thread's device, once
         wall = end + self._wall_offset
         self.page.step_done(
             handle.step,
@@ -373,7 +377,7 @@ class Session:
 
     # -- background tick (flusher thread) -------------------------------------------------
     def _tick(self) -> None:
-        self._peak_memory_bytes = _peak_memory()
+        self._peak_memory_bytes = _peak_memory(self._cuda_device)
         self._settle_steps()
         reader = progress.PageReader(self.page.path)
         try:
@@ -432,7 +436,7 @@ class Session:
                     model_flops=(self.flops_per_token or 0.0) * e.tokens,
                     mfu=e.mfu,
                     loss=_loss_value(e.loss),
-                    peak_memory_bytes=e.peak_memory_bytes,
+                    peak_memory_bytes=self._peak_memory_bytes,
                 )
             )
             self.queue.extend(
@@ -465,6 +469,7 @@ class Session:
             collectives.uninstall()
         self.phases.remove()
         self._publish(schema.RankState.FINISHED)
+        self._peak_memory_bytes = _peak_memory(self._cuda_device)
         self._settle_steps()
         cfg = self.cfg
         self.queue.put(
@@ -500,7 +505,6 @@ class _EndedStep(NamedTuple):
     aggs: collectives.StepAggregates
     spans: dict[str, float]
     mfu: float
-    peak_memory_bytes: int
 
 
 def _loss_value(loss: Any) -> float | None:
@@ -514,17 +518,9 @@ def _loss_value(loss: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _cuda_peak_memory() -> int:
-    """The allocator's peak on CUDA (cheap: a counter read); 0 without CUDA."""
-    # is_initialized() first: it is a flag read, is_available() may query the driver.
-    if torch.cuda.is_initialized() and torch.cuda.is_available():  # type: ignore[no-untyped-call]
-        return int(torch.cuda.max_memory_allocated())
-    return 0
-
-
-def _peak_memory() -> int:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        return int(torch.cuda.max_memory_allocated())
+def _peak_memory(cuda_device: int | None) -> int:
+    if cuda_device is not None:
+        return int(torch.cuda.max_memory_allocated(cuda_device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 

@@ -113,6 +113,7 @@ def test_jsonl_output_has_identity_steps_phases_and_measured_flops(dirs: tuple[P
     assert [s.step for s in steps] == [0, 1, 2, 3, 4]
     assert all(s.forward_s > 0 and s.backward_s > 0 and s.optimizer_s > 0 for s in steps)
     assert all(s.data_s > 0 and s.loss is not None and s.loss > 0 for s in steps)
+    assert all(s.peak_memory_bytes > 10 * 2**20 for s in steps)  # this process's peak RSS
     # Counted once on step 0: forward GEMM + grad-weight GEMM, 2*16*16 FLOPs each per token.
     assert {s.model_flops for s in steps} == {4 * 2 * 2 * 16 * 16}
     assert all(s.mfu > 0 for s in steps)
