@@ -179,7 +179,7 @@ class CollectiveRecorder:
             nbytes *= scale_bytes
         seq, index, step = next(site.seqs), next(self._indices), self.step
         pending = _Pending(index, site, seq, nbytes, now, step)
-        if cuda:
+        if cuda and blocking:  # only synchronous ops are timed on the stream (see finish)
             pending.cuda_start = _cuda_event()
         page = self._page
         if page is not None:
