@@ -138,6 +138,7 @@ class Session:
         self.flops_per_token = self._resolve_flops()
         self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
         self._stacks_file = self._open_stacks_file()
+        self._tick_reader: progress.PageReader | None = None
         self.shipper: shipping.Shipper | None = None
         self.flusher = sinks.Flusher(
             queue=self.queue,
@@ -379,11 +380,9 @@ class Session:
     def _tick(self) -> None:
         self._peak_memory_bytes = _peak_memory(self._cuda_device)
         self._settle_steps()
-        reader = progress.PageReader(self.page.path)
-        try:
-            snap = reader.snapshot()
-        finally:
-            reader.close()
+        if self._tick_reader is None:  # the flusher thread's own, kept open for the session
+            self._tick_reader = progress.PageReader(self.page.path)
+        snap = self._tick_reader.snapshot()
         cfg = self.cfg
         self.queue.put(
             schema.Heartbeat(
@@ -487,6 +486,8 @@ class Session:
             with contextlib.suppress(Exception):
                 faulthandler.unregister(self.cfg.stack_signal)
             self._stacks_file.close()
+        if self._tick_reader is not None:
+            self._tick_reader.close()
         self.page.close()
 
 
