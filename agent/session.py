@@ -283,6 +283,8 @@ class Session:
             seconds=seconds,
             peak_flops=self.peak_flops,
         )
+        # Spans since the previous step's end count for this step: a "data" span before
+        # `with step(...)` (the usual `for batch in loader` loop) is this step's data time.
         spans = self._spans
         if spans:
             self._spans = collections.defaultdict(float)
