@@ -100,14 +100,6 @@ class _Pending:
     step: int
     cuda_start: Any = None
 
-    @property
-    def group(self) -> str:
-        return self.site.group
-
-    @property
-    def op(self) -> str:
-        return self.site.op
-
 
 class CollectiveRecorder:
     """Per-process state: sequence numbers, the ring buffer cursor and per-step aggregates.
@@ -239,24 +231,19 @@ class CollectiveRecorder:
         Work's wait, a functional collective's wait_tensor): the progress page says it is in
         that collective, as it does during a synchronous one, so a hang names the rank it waits
         for. Other threads' waits are not the rank's position."""
-        page = self._page
-        if page is None or threading.get_ident() != self.training_thread:
-            return
-        try:
-            now = self._clock()
-            site = pending.site
-            page.mark_collective(site.group_b, pending.seq, site.op_b, True, now, now + self._wall)
-        except Exception as exc:  # fail-open
-            self._on_error(exc)
+        self._mark_wait(pending, True)
 
     def leave_wait(self, pending: _Pending) -> None:
+        self._mark_wait(pending, False)
+
+    def _mark_wait(self, pending: _Pending, within: bool) -> None:
         page = self._page
         if page is None or threading.get_ident() != self.training_thread:
             return
         try:
-            now = self._clock()
-            site = pending.site
-            page.mark_collective(site.group_b, pending.seq, site.op_b, False, now, now + self._wall)
+            now, site = self._clock(), pending.site
+            wall = now + self._wall
+            page.mark_collective(site.group_b, pending.seq, site.op_b, within, now, wall)
         except Exception as exc:  # fail-open
             self._on_error(exc)
 

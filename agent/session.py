@@ -32,7 +32,6 @@ from vigil.agent import collectives, config, mfu, phases, progress, shipping, si
 log = logging.getLogger(__name__)
 
 SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHECKPOINTING}
-_SPAN_FIELDS = ("data", "forward", "backward", "optimizer")
 # Step times remembered to learn the hang threshold.
 _HISTORY = 32
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
@@ -242,9 +241,6 @@ class Session:
                 register(getattr(model, "process_group", None), collectives.ddp_comm_hook)
             except RuntimeError as exc:  # the user registered their own hook already
                 log.warning("DDP already has a comm hook; its all-reduces are not timed: %s", exc)
-
-    def step(self, step: int, tokens: int) -> StepScope:
-        return StepScope(self, StepHandle(step, tokens))
 
     def begin_step(self, handle: StepHandle) -> bool:
         """Open a step; False for a nested one (the outer step is the boundary)."""
