@@ -505,7 +505,7 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     torch's default hook does), not through `dist.all_reduce`'s Python checks; NCCL averages in
     its kernel, other backends sum a bucket divided first."""
     tensor = bucket.buffer()
-    group = process_group if process_group is not None else dist.group.WORLD
+    group: Any = process_group if process_group is not None else dist.group.WORLD
     options = _average_options(group)
     if options.reduceOp != dist.ReduceOp.AVG:
         tensor.div_(group.size())
@@ -542,7 +542,7 @@ def _average_options(group: Any) -> Any:
         nccl = dist.get_backend(group) == dist.Backend.NCCL
     except (RuntimeError, ValueError):  # not a registered group: take the portable path
         nccl = False
-    options.reduceOp = dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM
+    options.reduceOp = dist.ReduceOp(dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
     _AVERAGING[id(group)] = (group, options)
     return options
 

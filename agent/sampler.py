@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from vigil.metric_names import MetricKind, Unit, metric_name
 

@@ -110,7 +110,7 @@ def trimmed_mean_last(values: FloatArray, steps: int) -> FloatArray:
     largest = np.fmax.reduce(window, axis=0, keepdims=True)  # fmax skips NaN
     with np.errstate(invalid="ignore", divide="ignore"):
         trimmed = np.where(count > 1, (total - largest) / (count - 1), total / count)
-    out = trimmed.astype(values.dtype)
+    out: FloatArray = trimmed.astype(values.dtype)
     out[~finite[-1:]] = np.nan
     return out
 

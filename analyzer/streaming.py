@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -319,7 +319,7 @@ class StreamingAnalyzer:
         """Take one committed batch (any record types; `steps`: all its step records as
         columns, when the caller built them: step records in `records` are then skipped);
         return new or updated findings."""
-        by_job: dict[str, Sequence[schema.Record]]
+        by_job: Mapping[str, Sequence[schema.Record]]
         try:
             jobs = set(map(_JOB_ID, records))
         except AttributeError:  # a record type without a job (DiagResult)

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from vigil import columns, schema
 from vigil.analyzer import arrays as arrays_mod
+from vigil.columns import StepColumns
 
 # The step-record fields add_steps reads, in this order (rank, step, start, end, ...).
 _PICK = [
@@ -122,7 +123,7 @@ class StepWindow:
             self._lookup[rank] = self.column(int(rank))
         return self._lookup[ranks]
 
-    def add_steps(self, batch: columns.StepColumns, oldest_allowed: int) -> float:
+    def add_steps(self, batch: StepColumns, oldest_allowed: int) -> float:
         """Scatter step records (as columns) into the ring, vectorised.
 
         Returns the latest step end among the records (0 when there were none).
