@@ -17,11 +17,16 @@ bootstrap 90 % interval over the measured steps. Progress pages live in /dev/shm
 default. The per-collective hook cost is measured on a one-member gloo group (no peers to wait
 for), wrapped vs unwrapped, in alternating batches (the fastest batch of each). The SDK's own
 CPU per step is measured there too: two models take alternate steps, one watched by the SDK, one
-with a bare Python comm hook (sdk_step_cpu_us). Last line: one JSON object with
-sdk_overhead_ratio, profiler_overhead_ratio, hook_cost_us, ddp_comm_hook_ratio,
-sdk_step_cpu_us and plain_step_ms (the step time the ratios are of: the SDK's cost is a fixed
-amount per step and per collective, so its ratio at a step time T is about that cost over T;
-larger shapes, e.g. --hidden 256 --seq-len 64 --batch 8, give quarter-second steps here).
+with a bare Python comm hook (sdk_step_cpu_us). Last, all ranks train with the SDK while
+py-spy samples rank 0's training thread: the share of its wall time spent in the SDK's own code
+(sdk_thread_pct), apart from the division and all-reduce start that DDP does to each bucket
+with or without a hook. Machine noise stretches samples in and out of the SDK alike, so this
+resolves far below the ratios' noise; it misses indirect costs (caches, the background thread).
+Last line: one JSON object with sdk_overhead_ratio, profiler_overhead_ratio, hook_cost_us,
+ddp_comm_hook_ratio, sdk_step_cpu_us, sdk_thread_pct and plain_step_ms (the step time the ratios
+are of: the SDK's cost is a fixed amount per step and per collective, so its ratio at a step
+time T is about that cost over T; larger shapes, e.g. --hidden 256 --seq-len 64 --batch 8, give
+quarter-second steps here).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -78,10 +84,17 @@ def _no_sdk_step(step: int, *, tokens: int) -> Iterator[_Handle]:
 
 
 def _block(
-    mode: str, args: argparse.Namespace, tmp: Path, pages: Path
+    mode: str,
+    args: argparse.Namespace,
+    tmp: Path,
+    pages: Path,
+    *,
+    steps: int | None = None,
+    sampler: _Sampler | None = None,
 ) -> tuple[list[float], list[float]]:
-    """(wall seconds, training-thread CPU seconds) of each measured step."""
-    steps, batch = args.steps, args.batch
+    """(wall seconds, training-thread CPU seconds) of each measured step; `sampler` runs
+    during the measured steps only (not set-up, the first step or shut-down)."""
+    steps, batch = steps or args.steps, args.batch
     model = torch.nn.parallel.DistributedDataParallel(_model(args.hidden, args.layers))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     profiler: Any = None
@@ -98,6 +111,8 @@ def _block(
     times, cpu = [], []
     step = vigil.agent.step if mode == "sdk" else _no_sdk_step
     for i in range(steps + 1):
+        if i == 1 and sampler is not None:
+            sampler.start()
         start, start_cpu = time.perf_counter(), time.thread_time()
         with step(i, tokens=batch * args.seq_len) as s:
             loss = model(x).pow(2).mean()
@@ -109,6 +124,8 @@ def _block(
             profiler.step()
         times.append(time.perf_counter() - start)
         cpu.append(time.thread_time() - start_cpu)
+    if sampler is not None:
+        sampler.stop()
     if profiler is not None:
         profiler.__exit__(None, None, None)
     if mode == "sdk":
@@ -116,6 +133,90 @@ def _block(
     del model, opt
     dist.barrier()
     return times[1:], cpu[1:]  # the first step builds DDP buckets / allocator state
+
+
+class _Sampler:
+    """py-spy sampling this process's training thread (wall clock: idle samples included, and
+    the process is never paused), to attribute step time to the code it is spent in."""
+
+    def __init__(self, out: Path, rate: int = 250) -> None:
+        self.out = out
+        self.rate = rate
+        self.error = ""  # start and stop never raise: the other ranks are mid-block
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        cmd = [spy, "record", "--pid", str(os.getpid()), "--rate", str(self.rate), "--idle"]
+        cmd += ["--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
+        try:
+            self._proc = subprocess.Popen(
+                [*cmd, "--output", str(self.out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            self.error = f"cannot run py-spy: {exc}"
+            return
+        time.sleep(0.5)  # attached before the steps it is to see
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+        try:
+            _, err = self._proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            err = b"did not stop"
+        if not self.out.exists():
+            self.error = f"py-spy wrote no samples: {err.decode(errors='replace')[-300:]}"
+
+    def sdk_shares(self, package: str) -> tuple[float, float, int]:
+        """(% of the main thread's samples in the SDK's code beyond a DDP bucket's own work,
+        % in that work (dividing the bucket and starting its all-reduce), samples)."""
+        if self.error:
+            raise RuntimeError(self.error)
+        total = sdk = bucket_work = 0
+        for line in self.out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = stack.split(";")
+            if not frames[0].endswith("MainThread"):
+                continue
+            total += int(count)
+            ours = [f for f in frames[1:] if f.rpartition("(")[2].startswith(package)]
+            if not ours:
+                continue
+            if ours[-1].partition(" (")[0] in collectives.DDP_BUCKET_WORK:
+                bucket_work += int(count)
+            else:
+                sdk += int(count)
+        if not total:
+            raise RuntimeError("py-spy sampled no training thread")
+        return 100.0 * sdk / total, 100.0 * bucket_work / total, total
+
+
+def _thread_shares(args: argparse.Namespace, tmp: Path, pages: Path, rank: int) -> dict[str, float]:
+    """Rank 0's training-thread wall time inside the SDK's code, sampled (py-spy) while all
+    ranks train with the SDK: machine noise stretches a step's samples in and out of the SDK
+    alike, so this resolves far below the step-time ratios' noise. The DDP comm hook's division
+    and all-reduce start are counted apart: DDP does them with or without a hook. Indirect
+    costs (caches, the SDK's background thread) are not in it."""
+    sampler = _Sampler(tmp / "sdk.spy") if rank == 0 else None
+    try:
+        _block("sdk", args, tmp, pages, steps=args.sampled_steps, sampler=sampler)
+        if sampler is None:
+            return {}
+        sdk, bucket_work, samples = sampler.sdk_shares(os.path.dirname(vigil.agent.__file__))
+    except RuntimeError as exc:  # py-spy missing, or not allowed to read this process
+        print(f"sampling the training thread failed: {exc}")
+        return {}
+    print(
+        f"sampled {samples} training-thread samples over {args.sampled_steps} SDK steps: "
+        f"{sdk:.2f} % in the SDK's code, {bucket_work:.2f} % dividing DDP buckets and starting "
+        "their all-reduces (DDP's own work, with or without a hook)"
+    )
+    return {"sdk": sdk, "bucket_work": bucket_work}
 
 
 def _hook_cost_us(tmp: Path, pages: Path, solo: Any, calls: int = 200, repeats: int = 25) -> float:
@@ -208,6 +309,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
             cpu[mode] += block_cpu
             medians[mode] = statistics.median(block)
         rounds.append(medians)
+    shares = _thread_shares(args, tmp, pages, rank) if args.sampled_steps else {}
     # Rank 0 alone measures the hook cost while the others wait: no self-inflicted contention.
     solo = dist.new_group([rank], use_local_synchronization=True)
     hook_us = _hook_cost_us(tmp, pages, solo) if rank == 0 else 0.0
@@ -216,7 +318,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
     dist.destroy_process_group()
     shutil.rmtree(pages, ignore_errors=True)
     if rank == 0:
-        _report(times, cpu, rounds, hook_us, step_us, world)
+        _report(times, cpu, rounds, hook_us, step_us, shares, world)
 
 
 def _report(
@@ -225,6 +327,7 @@ def _report(
     rounds: list[dict[str, float]],
     hook_us: float,
     step_us: float,
+    shares: dict[str, float],
     world: int,
 ) -> None:
     med = {mode: statistics.median(values) for mode, values in times.items()}
@@ -266,6 +369,7 @@ def _report(
                 "ddp_comm_hook_ratio": round(med["ddp_hook"] / med["plain"], 4),
                 "sdk_step_cpu_us": round(step_us, 1),
                 "plain_step_ms": round(med["plain"] * 1e3, 1),
+                "sdk_thread_pct": round(shares["sdk"], 3) if shares else None,
             }
         )
     )
@@ -293,6 +397,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument(
+        "--sampled-steps",
+        type=int,
+        default=300,
+        help="SDK steps sampled with py-spy for sdk_thread_pct (0: skip)",
+    )
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
