@@ -7,9 +7,12 @@ reached through a communication hook (`ddp_comm_hook`) that records it and calls
 
 Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
 go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
-Asynchronous ops are timed at completion through their Work's future. On CUDA, events on the
-current stream time synchronous ops (resolved without blocking at step boundaries); on CPU the
-monotonic clock is used.
+Asynchronous ops are timed at completion through their Work's future (or their wait). On CUDA
+every op is timed with events, resolved without blocking at step boundaries: one recorded on
+the issuing stream at launch, one on the stream that is current where completion is observed. A
+CUDA future completes, and calls back, as soon as its op is enqueued, but on a stream made to
+wait for the op's kernels, and a wait makes the current stream wait for them, so that second
+event marks the end on the device. On CPU the monotonic clock is used.
 
 Every hook is fail-open: an internal error is counted and the original call proceeds untouched.
 This module must not do I/O beyond the progress page, and never blocks.
@@ -98,7 +101,8 @@ class _Pending:
     nbytes: int
     start: float
     step: int
-    cuda_start: Any = None
+    cuda_start: Any = None  # the launch event on the op's CUDA device
+    device: int = -1  # that device's index
 
 
 class CollectiveRecorder:
@@ -164,15 +168,17 @@ class CollectiveRecorder:
         if site is None:
             site = self._site(key, group, op, peer)
         if type(tensors) is torch.Tensor:  # the common case, inline
-            nbytes, dtype_b, cuda = tensors.nbytes, _dtype_bytes(tensors.dtype), tensors.is_cuda
+            nbytes, dtype_b, device = tensors.nbytes, _dtype_bytes(tensors.dtype), -1
+            if tensors.is_cuda:
+                device = tensors.get_device()
         else:
-            nbytes, dtype_b, cuda = _size(tensors)
+            nbytes, dtype_b, device = _size(tensors)
         if scale_bytes != 1:
             nbytes *= scale_bytes
         seq, index, step = next(site.seqs), next(self._indices), self.step
         pending = _Pending(index, site, seq, nbytes, now, step)
-        if cuda and blocking:  # only synchronous ops are timed on the stream (see finish)
-            pending.cuda_start = _cuda_event()
+        if device >= 0:  # timed on the device (see finish)
+            pending.cuda_start, pending.device = _cuda_event(device), device
         page = self._page
         if page is not None:
             page.begin_event(
@@ -182,12 +188,15 @@ class CollectiveRecorder:
         return pending
 
     def finish(self, pending: _Pending, *, sync: bool) -> None:
-        """Record completion now (sync op returned, or an async op's future fired)."""
+        """Record completion now (sync op returned, or an async op's future fired or was
+        waited). On CUDA the end is an event on the current stream, which is ordered after the
+        op's kernels there: a future's callback runs on such a stream, and a wait makes the
+        current stream wait for the op (its CPU-side completion is only the enqueue)."""
         try:
             now = self._clock()
-            if sync and pending.cuda_start is not None:
+            if pending.cuda_start is not None:
                 with self._lock:
-                    self._cuda_pending.append((pending, _cuda_event()))
+                    self._cuda_pending.append((pending, _cuda_event(pending.device)))
             else:
                 self._complete(pending, now - pending.start, now)
             if sync:
@@ -325,23 +334,26 @@ def _dtype_bytes(dtype: torch.dtype) -> bytes:
     return name
 
 
-def _size(tensors: Any) -> tuple[int, bytes, bool]:
-    """(bytes, encoded dtype, on CUDA) of a tensor or a list of tensors (None: a barrier)."""
+def _size(tensors: Any) -> tuple[int, bytes, int]:
+    """(bytes, encoded dtype, CUDA device index or -1) of a tensor or a list of tensors (None:
+    a barrier)."""
     if tensors is None:
-        return 0, b"", False
+        return 0, b"", -1
     if isinstance(tensors, torch.Tensor):
-        return tensors.nbytes, _dtype_bytes(tensors.dtype), tensors.is_cuda
-    total, dtype, cuda = 0, b"", False
+        tensors = (tensors,)
+    total, dtype, device = 0, b"", -1
     for t in tensors:
         if isinstance(t, torch.Tensor):
             total += t.nbytes
-            dtype, cuda = _dtype_bytes(t.dtype), t.is_cuda
-    return total, dtype, cuda
+            dtype, device = _dtype_bytes(t.dtype), t.get_device() if t.is_cuda else -1
+    return total, dtype, device
 
 
-def _cuda_event() -> Any:
+def _cuda_event(device: int) -> Any:
+    """A timing event recorded on `device`'s current stream (in a CUDA future's callback, a
+    stream made to wait for the op's kernels)."""
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return event
 
 

@@ -49,7 +49,10 @@ export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/nul
 
 cp -r "$root/vigil" "$tree/vigil"
 cp -r "$root/kernels" "$tree/vigil/kernels"
+cp -r "$root/agent" "$tree/vigil/agent"
 mkdir -p "$tree/tests" && cp "$root/tests/__init__.py" "$tree/tests/" && cp -r "$root/tests/kernels" "$tree/tests/kernels"
+# The SDK's CUDA collective timing (NCCL); not the agent tests' conftest (it needs the services).
+mkdir -p "$tree/tests/agent" && cp "$root/tests/agent/__init__.py" "$root/tests/agent/test_collectives_cuda.py" "$tree/tests/agent/"
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +
 export PYTHONPATH="$tree"
 # One build of the CUDA memory test, shared by the tests and the figures below.
@@ -59,7 +62,7 @@ echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be buil
 
 echo "== gpu tests =="
 (cd "$tree" && timeout 280 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=200 \
-  --junitxml="$tree/gpu.xml" tests/kernels/test_gpu.py 2>&1 | tail -25)
+  --junitxml="$tree/gpu.xml" tests/kernels/test_gpu.py tests/agent/test_collectives_cuda.py 2>&1 | tail -25)
 read -r passed failed < <("$py" - "$tree/gpu.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
