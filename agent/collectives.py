@@ -8,11 +8,12 @@ reached through a communication hook (`ddp_comm_hook`) that records it and calls
 Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
 go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
 Asynchronous ops are timed at completion through their Work's future (or their wait). On CUDA
-every op is timed with events, resolved without blocking at step boundaries: one recorded on
-the issuing stream at launch, one on the stream that is current where completion is observed. A
+every op is timed with events, read without blocking (`resolve_cuda`): one recorded on the
+issuing stream at launch, one on the stream that is current where completion is observed. A
 CUDA future completes, and calls back, as soon as its op is enqueued, but on a stream made to
 wait for the op's kernels, and a wait makes the current stream wait for them, so that second
-event marks the end on the device. On CPU the monotonic clock is used.
+event marks the end on the device. A step's aggregates stay open to its ops still on the device
+until `release`. On CPU the monotonic clock is used.
 
 Every hook is fail-open: an internal error is counted and the original call proceeds untouched.
 This module must not do I/O beyond the progress page, and never blocks.
@@ -131,6 +132,10 @@ class CollectiveRecorder:
         # Per group name: next() on a C iterator is atomic under the GIL, no lock on the hot path.
         self._seqs: dict[str, Iterator[int]] = {}
         self._aggs: dict[_Site, _Agg] = {}
+        # Ended steps whose ops still run on a CUDA device: their aggregates stay open to those
+        # ops until `release` (the session's flusher, before it builds the step's records).
+        self._open: dict[int, dict[_Site, _Agg]] = {}
+        self._on_device: collections.Counter[int] = collections.Counter()  # step -> ops
         self._indices = itertools.count()
         self._cuda_pending: list[tuple[_Pending, Any]] = []
         self.blocked_s = 0.0  # training-thread time blocked in sync ops and Work.wait this step
@@ -197,6 +202,7 @@ class CollectiveRecorder:
             if pending.cuda_start is not None:
                 with self._lock:
                     self._cuda_pending.append((pending, _cuda_event(pending.device)))
+                    self._on_device[pending.step] += 1
             else:
                 self._complete(pending, now - pending.start, now)
             if sync:
@@ -210,7 +216,11 @@ class CollectiveRecorder:
         except Exception as exc:  # fail-open: never raise into training or a comm thread
             self._on_error(exc)
 
-    def _complete(self, pending: _Pending, duration: float, end: float) -> None:
+    def _complete(
+        self, pending: _Pending, duration: float, end: float, *, from_device: bool = False
+    ) -> None:
+        """Count a completed op in the current step's aggregates (`from_device`: a CUDA op
+        read from its events, in those of the step that launched it while they are open)."""
         site, nbytes, seq = pending.site, pending.nbytes, pending.seq
         with self._lock:
             window = site.baselines.get(nbytes)
@@ -218,9 +228,18 @@ class CollectiveRecorder:
                 window = site.baselines[nbytes] = collections.deque(maxlen=_BASELINE_WINDOW)
             window.append(duration)
             wait = duration - min(window)
-            agg = self._aggs.get(site)
+            if from_device:
+                aggs = self._open.get(pending.step, self._aggs)
+                left = self._on_device[pending.step] - 1
+                if left > 0:
+                    self._on_device[pending.step] = left
+                else:
+                    self._on_device.pop(pending.step, None)
+            else:
+                aggs = self._aggs
+            agg = aggs.get(site)
             if agg is None:
-                agg = self._aggs[site] = _Agg()
+                agg = aggs[site] = _Agg()
             agg.count += 1
             agg.nbytes += nbytes
             agg.total_s += duration
@@ -263,28 +282,51 @@ class CollectiveRecorder:
     # -- step boundary --------------------------------------------------------------------
     def swap(self) -> tuple[StepAggregates, float, float]:
         """This step's aggregates (for `aggregate_records`), exposed blocked time and total
-        collective time; starts the next step's."""
-        if self._cuda_pending:
-            self._resolve_cuda()
+        collective time; starts the next step's. While ops of this step still run on a CUDA
+        device, its aggregates stay open to them until `release(step)`."""
+        self.resolve_cuda()
         with self._lock:
             aggs, self._aggs = self._aggs, {}
             blocked, self.blocked_s = self.blocked_s, 0.0
             total, self.collective_s = self.collective_s, 0.0
+            if self._on_device.get(self.step):
+                self._open[self.step] = aggs
         return aggs, blocked, total
 
-    def _resolve_cuda(self) -> None:
-        """Turn finished CUDA event pairs into durations without blocking on unfinished ones."""
+    def release(self, step: int, *, force: bool = False) -> bool:
+        """Close `step`'s aggregates once none of its ops is still running on a CUDA device
+        (`force`: now, later completions count in the current step); False: not yet. Called
+        before the step's records are built from them. Never blocks."""
+        self.resolve_cuda()
+        with self._lock:
+            if step not in self._open:
+                return True
+            if not force and self._on_device.get(step):
+                return False
+            del self._open[step]
+            return True
+
+    def resolve_cuda(self) -> None:
+        """Turn CUDA event pairs that have completed into durations, in the aggregates of the
+        step that launched each op while they are open; never waits for the others. Any
+        thread (the session's flusher does it each interval, so that a ring dumped during a
+        hang shows which ops ended on the device)."""
+        if not self._cuda_pending:
+            return
         with self._lock:
             pending, self._cuda_pending = self._cuda_pending, []
         keep = []
         for item, end_event in pending:
-            if end_event.query():
-                seconds = item.cuda_start.elapsed_time(end_event) / 1000.0
-                self._complete(item, seconds, item.start + seconds)
+            with _device_guard(item.device):  # never a context on another device
+                seconds = (
+                    item.cuda_start.elapsed_time(end_event) / 1000.0 if end_event.query() else -1.0
+                )
+            if seconds >= 0.0:
+                self._complete(item, seconds, item.start + seconds, from_device=True)
             else:
                 keep.append((item, end_event))
         with self._lock:
-            self._cuda_pending.extend(keep)
+            self._cuda_pending[:0] = keep  # in launch order, before ops added meanwhile
 
 
 StepAggregates = dict[_Site, _Agg]
@@ -347,6 +389,10 @@ def _size(tensors: Any) -> tuple[int, bytes, int]:
             total += t.nbytes
             dtype, device = _dtype_bytes(t.dtype), t.get_device() if t.is_cuda else -1
     return total, dtype, device
+
+
+def _device_guard(device: int) -> Any:
+    return torch.cuda.device(device)
 
 
 def _cuda_event(device: int) -> Any:

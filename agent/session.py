@@ -37,6 +37,8 @@ _HISTORY = 32
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
 _COMPUTE = schema.RankState.COMPUTE
 _NO_SPANS: dict[str, float] = {}  # an ended step without spans (read only)
+# How long an ended step's records wait for its collectives still running on a CUDA device.
+_CUDA_SETTLE_S = 5.0
 
 
 class StepHandle:
@@ -410,12 +412,18 @@ class Session:
             )
         )
 
-    def _settle_steps(self) -> None:
-        """Queue the records of the steps ended since the last call, in step order."""
+    def _settle_steps(self, *, final: bool = False) -> None:
+        """Queue the records of the steps ended since the last call, in step order. A step
+        whose collectives still run on a CUDA device waits for them (up to `_CUDA_SETTLE_S`;
+        `final`: not at all), so that their device time counts in the step that launched them."""
         cfg = self.cfg
         ended = self._ended
+        now = self._clock()
         while ended:
-            e = ended.popleft()
+            e = ended[0]
+            if not self.recorder.release(e.step, force=final or now - e.end > _CUDA_SETTLE_S):
+                break  # the next interval
+            ended.popleft()
             spans = e.spans
             self.queue.put(
                 schema.StepRecord(
@@ -467,7 +475,7 @@ class Session:
         self.phases.remove()
         self._publish(schema.RankState.FINISHED)
         self._peak_memory_bytes = _peak_memory(self._cuda_device)
-        self._settle_steps()
+        self._settle_steps(final=True)
         cfg = self.cfg
         self.queue.put(
             schema.Heartbeat(

@@ -8,12 +8,17 @@ completion is observed, on the op's own device, resolved without blocking at ste
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import vigil.agent
+from vigil import codec, schema
 from vigil.agent import collectives
 
 DEVICE = 3
@@ -49,17 +54,23 @@ class _Device:
     def __init__(self) -> None:
         self.time = 0.0
         self.events: list[_Event] = []
+        self.guarded: list[int] = []  # devices made current to read events
 
     def record(self, device: int) -> _Event:
         event = _Event(self.time, device)
         self.events.append(event)
         return event
 
+    def guard(self, device: int) -> contextlib.AbstractContextManager[None]:
+        self.guarded.append(device)
+        return contextlib.nullcontext()
+
 
 @pytest.fixture
 def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Device]:
     fake = _Device()
     monkeypatch.setattr(collectives, "_cuda_event", fake.record)
+    monkeypatch.setattr(collectives, "_device_guard", fake.guard)
     yield fake
 
 
@@ -88,21 +99,50 @@ def test_async_op_is_timed_on_the_device_not_at_its_inline_callback(device: _Dev
     assert total == pytest.approx(0.25)
     assert blocked == 0.0  # nothing blocked the training thread
     assert [e.device for e in device.events] == [DEVICE, DEVICE]
+    assert device.guarded == [DEVICE]  # events are read with their own device current
 
 
-def test_unfinished_end_event_is_counted_at_a_later_step_boundary(device: _Device) -> None:
+def test_an_op_still_on_the_device_at_its_step_end_counts_in_its_own_step(
+    device: _Device,
+) -> None:
     cpu = [0.0]
     recorder = _recorder(cpu)
+    recorder.step = 7
     pending = recorder.begin("all_gather_into_tensor", None, _tensor(), None, blocking=False)
     device.time = 0.5
     recorder.finish(pending, sync=False)
-    device.events[-1].done = False  # still running on the device at the step's end
-    aggs, _, total = recorder.swap()
-    assert aggs == {} and total == 0.0
+    device.events[-1].done = False  # still running on the device when step 7 ends
+    step7, _, total = recorder.swap()
+    assert step7 == {} and total == 0.0
+    assert not recorder.release(7)  # its records must wait
+    recorder.step = 8
     device.events[-1].done = True
-    aggs, _, total = recorder.swap()
-    ((_, agg),) = aggs.items()
+    done = threading.Thread(target=recorder.resolve_cuda)  # the flusher's thread
+    done.start()
+    done.join()
+    assert recorder.release(7)
+    ((_, agg),) = step7.items()
     assert agg.count == 1 and agg.total_s == pytest.approx(0.5)
+    assert recorder.swap()[0] == {}  # not counted again in step 8
+
+
+def test_release_can_be_forced_and_later_completions_count_in_the_current_step(
+    device: _Device,
+) -> None:
+    recorder = _recorder([0.0])
+    recorder.step = 1
+    pending = recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
+    device.time = 0.25
+    recorder.finish(pending, sync=False)
+    device.events[-1].done = False
+    step1, _, _ = recorder.swap()
+    assert recorder.release(1, force=True)
+    recorder.step = 2
+    device.events[-1].done = True
+    step2, _, _ = recorder.swap()
+    assert step1 == {}
+    ((_, agg),) = step2.items()
+    assert agg.total_s == pytest.approx(0.25)
 
 
 def test_sync_op_blocks_on_the_cpu_clock_and_lasts_on_the_device_clock(device: _Device) -> None:
@@ -116,6 +156,44 @@ def test_sync_op_blocks_on_the_cpu_clock_and_lasts_on_the_device_clock(device: _
     assert agg.nbytes == 2 * 256 * 4
     assert agg.total_s == pytest.approx(0.125)
     assert blocked == pytest.approx(0.002)
+
+
+def test_session_holds_a_steps_records_until_its_device_collectives_end(
+    device: _Device, tmp_path: Path
+) -> None:
+    """The flusher builds a step's records once its ops have ended on the device, so their
+    device time counts in the step that launched them, not in a later one."""
+    session = vigil.agent.init(
+        job="unit",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=60.0,  # the test runs the flusher's settling itself
+    )
+    assert session is not None
+    try:
+        with vigil.agent.step(0, tokens=1):
+            pending = session.recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
+            device.time = 0.5
+            session.recorder.finish(pending, sync=False)
+            device.events[-1].done = False  # the GPU is behind when the step ends
+        with vigil.agent.step(1, tokens=1):
+            pass
+        session._settle_steps()
+        assert [e.step for e in session._ended] == [0, 1]  # held, in order
+        device.events[-1].done = True
+        session._settle_steps()
+        assert not session._ended
+    finally:
+        vigil.agent.shutdown()
+    path = tmp_path / "out" / "unit" / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    aggs = [r for r in records if isinstance(r, schema.CollectiveAggregate)]
+    assert [(a.step, a.op, a.count) for a in aggs] == [(0, "all_reduce", 1)]
+    assert aggs[0].total_device_s == pytest.approx(0.5)
+    assert sorted(r.step for r in records if isinstance(r, schema.StepRecord)) == [0, 1]
 
 
 class _Group:
