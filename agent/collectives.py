@@ -294,10 +294,9 @@ class CollectiveRecorder:
         return aggs, blocked, total
 
     def release(self, step: int, *, force: bool = False) -> bool:
-        """Close `step`'s aggregates once none of its ops is still running on a CUDA device
-        (`force`: now, later completions count in the current step); False: not yet. Called
-        before the step's records are built from them. Never blocks."""
-        self.resolve_cuda()
+        """Close `step`'s aggregates once none of its ops is still running on a CUDA device, as
+        of the last `resolve_cuda` (`force`: now, later completions count in the current
+        step); False: not yet. Called before the step's records are built from them."""
         with self._lock:
             if step not in self._open:
                 return True

@@ -419,6 +419,7 @@ class Session:
         cfg = self.cfg
         ended = self._ended
         now = self._clock()
+        self.recorder.resolve_cuda()  # once for all the steps below
         while ended:
             e = ended[0]
             if not self.recorder.release(e.step, force=final or now - e.end > _CUDA_SETTLE_S):

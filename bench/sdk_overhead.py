@@ -54,7 +54,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import vigil.agent
-from vigil.agent import collectives
+from vigil.agent import collectives, stacks
 
 MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 
@@ -146,7 +146,10 @@ class _Sampler:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        spy = stacks.py_spy_path()
+        if spy is None:
+            self.error = "py-spy is not installed"
+            return
         cmd = [spy, "record", "--pid", str(os.getpid()), "--rate", str(self.rate), "--idle"]
         cmd += ["--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
         try:
@@ -196,7 +199,7 @@ class _Sampler:
         return 100.0 * sdk / total, 100.0 * bucket_work / total, total
 
 
-def _thread_shares(args: argparse.Namespace, tmp: Path, pages: Path, rank: int) -> dict[str, float]:
+def _sdk_thread_pct(args: argparse.Namespace, tmp: Path, pages: Path, rank: int) -> float | None:
     """Rank 0's training-thread wall time inside the SDK's code, sampled (py-spy) while all
     ranks train with the SDK: machine noise stretches a step's samples in and out of the SDK
     alike, so this resolves far below the step-time ratios' noise. The DDP comm hook's division
@@ -206,17 +209,17 @@ def _thread_shares(args: argparse.Namespace, tmp: Path, pages: Path, rank: int) 
     try:
         _block("sdk", args, tmp, pages, steps=args.sampled_steps, sampler=sampler)
         if sampler is None:
-            return {}
+            return None
         sdk, bucket_work, samples = sampler.sdk_shares(os.path.dirname(vigil.agent.__file__))
     except RuntimeError as exc:  # py-spy missing, or not allowed to read this process
         print(f"sampling the training thread failed: {exc}")
-        return {}
+        return None
     print(
         f"sampled {samples} training-thread samples over {args.sampled_steps} SDK steps: "
         f"{sdk:.2f} % in the SDK's code, {bucket_work:.2f} % dividing DDP buckets and starting "
         "their all-reduces (DDP's own work, with or without a hook)"
     )
-    return {"sdk": sdk, "bucket_work": bucket_work}
+    return sdk
 
 
 def _hook_cost_us(tmp: Path, pages: Path, solo: Any, calls: int = 200, repeats: int = 25) -> float:
@@ -309,7 +312,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
             cpu[mode] += block_cpu
             medians[mode] = statistics.median(block)
         rounds.append(medians)
-    shares = _thread_shares(args, tmp, pages, rank) if args.sampled_steps else {}
+    sdk_pct = _sdk_thread_pct(args, tmp, pages, rank) if args.sampled_steps else None
     # Rank 0 alone measures the hook cost while the others wait: no self-inflicted contention.
     solo = dist.new_group([rank], use_local_synchronization=True)
     hook_us = _hook_cost_us(tmp, pages, solo) if rank == 0 else 0.0
@@ -318,7 +321,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None
     dist.destroy_process_group()
     shutil.rmtree(pages, ignore_errors=True)
     if rank == 0:
-        _report(times, cpu, rounds, hook_us, step_us, shares, world)
+        _report(times, cpu, rounds, hook_us, step_us, sdk_pct, world)
 
 
 def _report(
@@ -327,7 +330,7 @@ def _report(
     rounds: list[dict[str, float]],
     hook_us: float,
     step_us: float,
-    shares: dict[str, float],
+    sdk_pct: float | None,
     world: int,
 ) -> None:
     med = {mode: statistics.median(values) for mode, values in times.items()}
@@ -369,7 +372,7 @@ def _report(
                 "ddp_comm_hook_ratio": round(med["ddp_hook"] / med["plain"], 4),
                 "sdk_step_cpu_us": round(step_us, 1),
                 "plain_step_ms": round(med["plain"] * 1e3, 1),
-                "sdk_thread_pct": round(shares["sdk"], 3) if shares else None,
+                "sdk_thread_pct": None if sdk_pct is None else round(sdk_pct, 3),
             }
         )
     )

@@ -264,20 +264,22 @@ def test_nccl_async_all_reduce_is_timed_with_real_events(tmp_path: Any) -> None:
     from real events, resolved at the step boundary once the device is done."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    created = not dist.is_initialized()
+    if created:
+        store = dist.FileStore(str(tmp_path / "store"), 1)
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    # A one-member NCCL group of this process, whatever group this process already has.
+    group = dist.new_group([dist.get_rank()], backend="nccl", use_local_synchronization=True)
     recorder = collectives.CollectiveRecorder(page=None, on_error=_raise)
     try:
         collectives.install(recorder)
         x = torch.ones(64 << 20, device="cuda")
-        dist.all_reduce(x, async_op=True).wait()
+        dist.all_reduce(x, group=group, async_op=True).wait()
         torch.cuda.synchronize()
         aggs, _, total = recorder.swap()
     finally:
         collectives.uninstall()
-        dist.destroy_process_group()
+        dist.destroy_process_group(None if created else group)
     ((site, agg),) = aggs.items()
     assert (site.op, agg.count, agg.nbytes) == ("all_reduce", 1, x.nbytes)
     assert total > 0.0
