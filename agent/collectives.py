@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as _c10d
 
 from vigil import schema
 from vigil.agent import functional, progress
@@ -65,6 +66,7 @@ _SPECS: dict[str, tuple[str | None, str]] = {
     "irecv": ("tensor", "group"),
 }
 _P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
+_P2P_OP_CHECKED = frozenset({"isend", "irecv"})  # what P2POp accepts as its op
 _ALWAYS_ASYNC = {"isend", "irecv"}
 # Durations kept per (group, op, bytes) to estimate the pure transfer time (their minimum).
 _BASELINE_WINDOW = 32
@@ -78,17 +80,22 @@ class _Agg:
     max_s: float = 0.0
     wait_s: float = 0.0
     last_seq: int = 0
+    last_s: float = 0.0  # duration of the op with the highest sequence number
 
 
 class _Site:
     """One (group, op[, peer]) a process issues: its names, encoded once for the progress page,
     its group's sequence counter (shared by the group's ops) and its recent durations per
-    message size. Hashed by identity."""
+    message size. `overlapped`: its ops run behind compute and the training thread waits for
+    them where the SDK cannot see (DDP's gradient buckets, waited for inside DDP's C++ reducer).
+    Hashed by identity."""
 
-    __slots__ = ("baselines", "group", "group_b", "op", "op_b", "seqs")
+    __slots__ = ("baselines", "group", "group_b", "op", "op_b", "overlapped", "seqs")
 
-    def __init__(self, group: str, op: str, seqs: Iterator[int]) -> None:
-        self.group, self.op = group, op
+    def __init__(
+        self, group: str, op: str, seqs: Iterator[int], *, overlapped: bool = False
+    ) -> None:
+        self.group, self.op, self.overlapped = group, op, overlapped
         self.group_b, self.op_b = progress.encode_group(group), progress.encode_op(op)
         self.seqs = seqs
         self.baselines: dict[int, collections.deque[float]] = {}
@@ -143,7 +150,9 @@ class CollectiveRecorder:
         self.training_thread = threading.get_ident()
 
     # -- naming ---------------------------------------------------------------------------
-    def _site(self, key: tuple[Any, ...], group: Any, op: str, peer: int | None) -> _Site:
+    def _site(
+        self, key: tuple[Any, ...], group: Any, op: str, peer: int | None, overlapped: bool
+    ) -> _Site:
         # Keyed by id(): the group is held so that its id is never reused by another object
         # (torch may hand out a fresh Python wrapper per call; holding one keeps it the one).
         self._groups[id(group)] = group
@@ -152,7 +161,7 @@ class CollectiveRecorder:
             low, high = sorted((dist.get_rank(), peer))
             name = f"{name}:p2p:{low}-{high}"
         seqs = self._seqs.setdefault(name, itertools.count(1))
-        site = self._sites[key] = _Site(name, op, seqs)
+        site = self._sites[key] = _Site(name, op, seqs, overlapped=overlapped)
         return site
 
     # -- the hot path ---------------------------------------------------------------------
@@ -165,13 +174,15 @@ class CollectiveRecorder:
         *,
         blocking: bool,
         scale_bytes: int = 1,
+        overlapped: bool = False,
     ) -> _Pending:
-        """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers)."""
+        """Record the start of one op; `scale_bytes` multiplies the tensors' size (gathers);
+        `overlapped`: see `_Site` (the first call for a (group, op) decides)."""
         now = self._clock()
         key = (id(group), op) if peer is None else (id(group), op, peer)
         site = self._sites.get(key)
         if site is None:
-            site = self._site(key, group, op, peer)
+            site = self._site(key, group, op, peer, overlapped)
         if type(tensors) is torch.Tensor:  # the common case, inline
             nbytes, dtype_b, device = tensors.nbytes, _dtype_bytes(tensors.dtype), -1
             if tensors.is_cuda:
@@ -248,7 +259,7 @@ class CollectiveRecorder:
             if wait > 0.0:
                 agg.wait_s += wait
             if seq > agg.last_seq:
-                agg.last_seq = seq
+                agg.last_seq, agg.last_s = seq, duration
             self.collective_s += duration
         page = self._page
         if page is not None:
@@ -348,6 +359,8 @@ def aggregate_records(
             max_device_s=a.max_s,
             total_wait_s=a.wait_s,
             last_seq=a.last_seq,
+            last_device_s=a.last_s,
+            overlapped=site.overlapped,
         )
         for site, a in aggs.items()
     ]
@@ -533,7 +546,12 @@ def install(recorder: CollectiveRecorder) -> None:
         if fn is None or hasattr(fn, "__vigil_wrapped__"):
             continue
         _originals[op] = fn
-        setattr(dist, op, _wrap(op, fn))
+        wrapped = _wrap(op, fn)
+        setattr(dist, op, wrapped)
+        if op in _P2P_OP_CHECKED and getattr(_c10d, op, None) is fn:
+            # `dist.P2POp(dist.isend, ...)` (batch_isend_irecv, pipelining) checks its op
+            # against the c10d module's own name: it must be the wrapper there too.
+            setattr(_c10d, op, wrapped)
     work_type = getattr(dist, "Work", None)
     if work_type is not None:
         _originals["Work.wait"] = work_type.wait
@@ -551,8 +569,15 @@ def uninstall() -> None:
             dist.Work.wait = fn  # type: ignore[method-assign]
         else:
             setattr(dist, name, fn)
+            if name in _P2P_OP_CHECKED:
+                setattr(_c10d, name, fn)
     _originals.clear()
     _waitable.clear()
+
+
+# DDP's gradient-bucket all-reduces are their own op: their aggregate is `overlapped` (see
+# `_Site`) and must not mix with the job's own all-reduces on the same group.
+DDP_ALL_REDUCE = "ddp_all_reduce"
 
 
 def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
@@ -567,7 +592,9 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     recorder, pending = _active, None
     if recorder is not None:
         try:
-            pending = recorder.begin("all_reduce", group, tensor, None, blocking=False)
+            pending = recorder.begin(
+                DDP_ALL_REDUCE, group, tensor, None, blocking=False, overlapped=True
+            )
         except Exception as exc:  # fail-open: the all-reduce goes on untimed
             recorder._on_error(exc)
     fut = _start_all_reduce(group, tensor, options)

@@ -84,6 +84,9 @@ class SdkConfig:
     collector: str | None = None
     token: str | None = None
     output_dir: Path | None = None
+    # With a collector, also write the JSON lines under output_dir (a local copy that
+    # `vigil analyze` reads); without one they are always written.
+    also_jsonl: bool = False
     progress_dir: Path = DEFAULT_PROGRESS_DIR
     spool_dir: Path | None = None
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES

@@ -1,7 +1,8 @@
 """Model FLOPs utilisation: FLOPs per token and the device's peak FLOP/s.
 
-- FLOPs per token from the model shape, PaLM appendix B: 6N + 12·L·H·Q·T (H·Q = hidden size), or
-  measured once with `torch.utils.flop_counter.FlopCounterMode`.
+- FLOPs per token from the model shape, PaLM appendix B: 6N + 12·L·H·Q·T, by the one definition
+  in `vigil.flops` (N excludes the input embedding table, includes the output head), or measured
+  once with `torch.utils.flop_counter.FlopCounterMode`.
 - Peak from a table of dense bf16 tensor-core peaks of common accelerators, or a measured CPU GEMM
   peak (fp32) when running on CPU.
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vigil import schema
+from vigil import flops
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,8 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
-def palm_flops_per_token(shape: schema.ModelShape) -> float:
-    """Training FLOPs per token, PaLM appendix B: 6N + 12·L·H·Q·T (attention included)."""
-    if shape.params <= 0:
-        raise ValueError("model shape needs params > 0 to estimate FLOPs per token")
-    return 6.0 * shape.params + 12.0 * shape.layers * shape.hidden * shape.seq_len
+# The model-shape estimate lives in the core, shared with the bundled trainer's recipes.
+palm_flops_per_token = flops.flops_per_token
 
 
 def peak_for_device(name: str) -> float | None:

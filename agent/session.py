@@ -182,8 +182,13 @@ class Session:
                 ),
                 source=f"{cfg.node}/{cfg.rank_tag}",
             )
-            return self.shipper
-        return sinks.JsonlSink(self._output_dir() / f"{cfg.rank_tag}.jsonl")
+            if not cfg.also_jsonl:
+                return self.shipper
+            return sinks.TeeSink(self.shipper, self._jsonl_sink())
+        return self._jsonl_sink()
+
+    def _jsonl_sink(self) -> sinks.JsonlSink:
+        return sinks.JsonlSink(self._output_dir() / f"{self.cfg.rank_tag}.jsonl")
 
     def _output_dir(self) -> Path:
         return (self.cfg.output_dir or Path("vigil-output")) / self.cfg.job

@@ -43,6 +43,28 @@ class JsonlSink:
         self._file.close()
 
 
+class TeeSink:
+    """Writes every record to each of its sinks in turn (the collector and a local JSONL copy);
+    one sink failing does not keep records from the others."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def write(self, records: Sequence[schema.Record]) -> None:
+        failure: Exception | None = None
+        for sink in self.sinks:
+            try:
+                sink.write(records)
+            except Exception as exc:  # the flusher counts it; the other sinks still get them
+                failure = exc
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
 class RecordQueue:
     """A bounded, non-blocking queue of records; overflow drops the oldest and counts them."""
 

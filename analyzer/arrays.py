@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vigil import schema
+from vigil.analyzer import attribution
 
 F32 = npt.NDArray[np.float32]
 
@@ -44,8 +45,8 @@ class StepArrays:
     ranks: npt.NDArray[np.int64]
     step_time_s: F32
     data_s: F32
-    comm_wait_s: F32
-    transfer_s: F32  # collective device time minus time waiting for peers; NaN if unknown
+    comm_wait_s: F32  # exposed: the SDK's blocked time plus the waits it cannot see (DDP's)
+    transfer_s: F32  # collectives' own time, nobody waited for (attribution.py); NaN if unknown
     tokens: F32
     mfu: F32
     step_start_s: npt.NDArray[np.float64]  # earliest start among ranks, per step
@@ -55,6 +56,8 @@ class StepArrays:
     stages: npt.NDArray[np.int32] | None = None
     sm_clock_hz: F32 | None = None
     throttled: F32 | None = None  # 1 where a harmful NVML throttle reason was active
+    # Time waiting in collectives for the last arrival, attributed across ranks; None unknown.
+    wait_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -199,14 +202,24 @@ def _assemble(
     stages = None
     if job is not None and rank_ids.size == job.world_size:
         stages = stages_for_layout(job.layout, job.world_size)
+    attributed = attribution.attribute(
+        attribution.columns_of(
+            aggs,
+            {int(x): i for i, x in enumerate(step_ids)},
+            {int(x): i for i, x in enumerate(rank_ids)},
+            {},
+        ),
+        shape,
+    )
     arrays = StepArrays(
         job_id=job_id,
         steps=step_ids,
         ranks=rank_ids,
         step_time_s=scatter(step_time),
         data_s=scatter(raw[:, 4]),
-        comm_wait_s=scatter(raw[:, 5]),
-        transfer_s=_transfer(aggs, rank_ids, step_ids, shape),
+        comm_wait_s=scatter(raw[:, 5]) + np.nan_to_num(attributed.hidden_wait_s),
+        transfer_s=attributed.transfer_s,
+        wait_s=attributed.wait_s,
         tokens=scatter(raw[:, 6]),
         mfu=scatter(mfu),
         step_start_s=start,
@@ -218,28 +231,6 @@ def _assemble(
     if samples:
         _attach_samples(arrays, samples, infos, scatter(raw[:, 3]))
     return arrays
-
-
-def _transfer(
-    aggs: Sequence[schema.CollectiveAggregate],
-    rank_ids: npt.NDArray[np.int64],
-    step_ids: npt.NDArray[np.int64],
-    shape: tuple[int, int],
-) -> F32:
-    out = np.full(shape, np.nan, dtype=np.float32)
-    if not aggs:
-        return out
-    raw = np.array([(a.rank, a.step, a.total_device_s - a.total_wait_s) for a in aggs])
-    r = np.searchsorted(rank_ids, raw[:, 0].astype(np.int64))
-    s = np.searchsorted(step_ids, raw[:, 1].astype(np.int64))
-    ok = (r < rank_ids.size) & (s < step_ids.size)
-    ok[ok] &= (rank_ids[r[ok]] == raw[ok, 0]) & (step_ids[s[ok]] == raw[ok, 1])
-    total = np.zeros(shape, dtype=np.float64)
-    seen = np.zeros(shape, dtype=bool)
-    np.add.at(total, (s[ok], r[ok]), np.maximum(raw[ok, 2], 0.0))
-    seen[s[ok], r[ok]] = True
-    out[seen] = total[seen]
-    return out
 
 
 def _attach_samples(

@@ -21,10 +21,13 @@ class StragglerConfig:
     # Robust z (median/MAD) above which a rank is an outlier at one step; 4 keeps clean jobs of
     # 1,000+ ranks quiet while a 10 % slowdown with 2 % jitter still scores ~5.
     z_threshold: float = 4.0
-    # ... and it must also be this much slower than the step's median (fraction): tiny MADs on
-    # very regular jobs would otherwise turn 1 % wobbles into huge z-scores, and healthy GPUs
-    # of one model differ by a few percent (silicon, cooling); 10 % stragglers clear 7 % easily.
-    min_excess: float = 0.07
+    # ... and it must also be late by this share of the step's median step time (compute and
+    # data time; a link's transfer time: of its median): tiny MADs on very regular jobs would
+    # otherwise turn 1 % wobbles into huge z-scores, healthy GPUs of one model differ by a few
+    # percent (silicon, cooling), and a rank whose compute is a small part of its step (most
+    # of it in collectives) must not be flagged for a large share of that small part. A
+    # straggler that makes the job 10 % slower is late by 10 % of the step.
+    min_excess: float = 0.06
     # Persistence: an outlier in at least `min_hits` of the last `window` steps is reported;
     # 5 of 8 rides over one-off hiccups (GC, page faults) and still reports within 8 steps.
     window: int = 8

@@ -60,15 +60,22 @@ def high_outliers(
     min_excess: float,
     scale_floor: float,
     groups: npt.NDArray[np.integer] | None = None,
+    reference: FloatArray | None = None,
 ) -> tuple[BoolArray, FloatArray, FloatArray]:
     """Which entries are unusually HIGH for their step: robust z above threshold and excess.
 
+    The excess (and the scale's floor) is a fraction of the step's median, or of `reference`
+    (broadcastable, e.g. each step's median step time) when given: a rank whose compute is a
+    small part of its step must be late by a share of the step, not of that small part, to count.
     Returns (flags, z, median) with flags/z shaped like `values` and median broadcastable.
     """
     center, scale = robust_center_scale(values, scale_floor=scale_floor, groups=groups)
+    base = np.abs(center) if reference is None else reference
     with np.errstate(invalid="ignore"):
+        if reference is not None:
+            scale = np.maximum(scale, scale_floor * reference)
         z = (values - center) / scale
-        flags = (z > z_threshold) & (values > center * (1.0 + min_excess))
+        flags = (z > z_threshold) & (values - center > min_excess * base)
     return flags, z, center
 
 

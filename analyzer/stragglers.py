@@ -78,22 +78,44 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
             return robust.trimmed_mean_last(values, cfg.smooth_steps)
         return robust.rolling_trimmed_mean(values, cfg.smooth_steps)[rows]
 
+    # Each step's median step time: a rank counts as slow by the share of the step it costs.
+    step_time = robust.nanmedian(smooth(a.step_time_s), 1, keepdims=True)
+
     def outliers(
-        values: robust.FloatArray, groups: npt.NDArray[np.int32] | None = None
+        values: robust.FloatArray,
+        groups: npt.NDArray[np.int32] | None = None,
+        reference: robust.FloatArray | None = step_time,
     ) -> tuple[robust.BoolArray, robust.FloatArray, robust.FloatArray]:
         return robust.high_outliers(
-            values, z_threshold=z, min_excess=excess, scale_floor=floor, groups=groups
+            values,
+            z_threshold=z,
+            min_excess=excess,
+            scale_floor=floor,
+            groups=groups,
+            reference=reference,
         )
 
     compute = smooth(a.compute_s())
-    c_flags, c_z, c_med = outliers(compute, a.stages)
+    c_flags, c_z, c_med = outliers(compute, _stage_groups(a.stages))
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
         tokens = smooth(a.tokens)
-        t_flags, _, _ = outliers(tokens, a.stages)
+        t_flags, _, _ = robust.high_outliers(
+            tokens,
+            z_threshold=z,
+            min_excess=excess,
+            scale_floor=floor,
+            groups=_stage_groups(a.stages),
+        )
         with np.errstate(all="ignore"):
             per_token = compute / np.where(tokens > 0, tokens, np.nan)
-        p_flags, _, _ = outliers(per_token, a.stages)
+        p_flags, _, _ = robust.high_outliers(
+            per_token,
+            z_threshold=z,
+            min_excess=excess,
+            scale_floor=floor,
+            groups=_stage_groups(a.stages),
+        )
         explained = c_flags & t_flags & ~p_flags
         c_flags = c_flags & ~explained
     data = smooth(a.data_s)
@@ -101,7 +123,9 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     with np.errstate(invalid="ignore"):
         d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
     if np.isfinite(a.transfer_s).any():
-        x_flags, x_z, _ = outliers(smooth(a.transfer_s))
+        # A link is slow by its own ratio (transfer time is shared by a group's members, so
+        # one rank's compute or waiting never moves it).
+        x_flags, x_z, _ = outliers(smooth(a.transfer_s), reference=None)
     else:
         x_flags, x_z = np.zeros_like(c_flags), np.zeros_like(c_z)
     # A rank slowed by its own data loader is not also a compute straggler.
@@ -115,6 +139,15 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         transfer_z=x_z,
         seqlen_explained=explained,
     )
+
+
+def _stage_groups(stages: npt.NDArray[np.int32] | None) -> npt.NDArray[np.int32] | None:
+    """Pipeline stages to score within, when each has enough ranks for a robust median (3);
+    stages of one or two ranks are scored together (their compute is meant to be balanced)."""
+    if stages is None or stages.size == 0:
+        return None
+    _, counts = np.unique(stages, return_counts=True)
+    return stages if int(counts.min()) >= 3 else None
 
 
 def _tokens_vary(tokens: robust.FloatArray) -> bool:
@@ -141,7 +174,17 @@ def detect(
                 else:
                     out.append(rank_finding(a, scores, kind, int(col), first, last, at, cfg))
     out.extend(link_findings(a, scores, link_episodes, cfg))
-    return out
+    return [f for f in out if _moved_up(f, cfg)]
+
+
+def _moved_up(finding: schema.Finding, cfg: config_mod.StragglerConfig) -> bool:
+    """Whether the finding's own headline evidence shows the metric up by the minimum excess
+    (flags come from smoothed per-step scores; an episode whose median over its steps is not
+    above the baseline is not reported: its evidence would contradict it)."""
+    head = finding.evidence[0]
+    if head.baseline is None or head.baseline <= 0:
+        return head.observed > 0
+    return head.observed > head.baseline * (1.0 + cfg.min_excess / 2)
 
 
 def rank_finding(

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from vigil import columns, schema
 from vigil.analyzer import arrays as arrays_mod
+from vigil.analyzer import attribution
 from vigil.columns import StepColumns
 
 # The step-record fields add_steps reads, in this order (rank, step, start, end, ...).
@@ -40,7 +41,11 @@ _FIELDS = (
     "mfu",
     "sm_clock_hz",
     "throttled",
+    "wait_s",
+    "hidden_wait_s",
 )
+# Filled from collective aggregates by attribution, per row, when a row is viewed.
+_ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
 
 
 class StepWindow:
@@ -63,6 +68,11 @@ class StepWindow:
         self.end_s = np.full(capacity, -np.inf)
         self.stages: npt.NDArray[np.int32] | None = None  # indexed by rank id
         self.peak_flops = 0.0
+        # Per ring row: the aggregates received for its step, attributed when the row is viewed
+        # after new ones arrived (cross-rank: a step's ranks arrive in different batches).
+        self._aggs: dict[int, list[attribution.AggColumns]] = {}
+        self._dirty: set[int] = set()
+        self._keys: dict[tuple[str, str], int] = {}
         self._grow(num_ranks)
         for rank in range(num_ranks):
             self.column(rank)
@@ -107,6 +117,8 @@ class StepWindow:
             for values in self._data.values():
                 values[row] = np.nan
             self.row_step[row] = step
+            self._aggs.pop(row, None)
+            self._dirty.discard(row)
             self.reported[row] = 0
             self.start_s[row] = np.inf
             self.end_s[row] = -np.inf
@@ -170,13 +182,41 @@ class StepWindow:
     def add_aggregates(
         self, records: Sequence[schema.CollectiveAggregate], oldest_allowed: int
     ) -> None:
-        for r in records:
-            if r.step < oldest_allowed:
+        records = [r for r in records if r.step >= oldest_allowed]
+        if not records:
+            return
+        row_of = {step: self.row_for(step) for step in {r.step for r in records}}
+        col_of = {rank: self.column(rank) for rank in {r.rank for r in records}}
+        chunk = attribution.columns_of(records, row_of, col_of, self._keys)
+        for row in np.unique(chunk.row).tolist():
+            mask = chunk.row == row
+            self._aggs.setdefault(row, []).append(
+                attribution.AggColumns(
+                    **{
+                        name: getattr(chunk, name)[mask]
+                        for name in attribution.AggColumns.__dataclass_fields__
+                    }
+                )
+            )
+            self._dirty.add(row)
+
+    def _attribute(self, rows: Sequence[int]) -> None:
+        """Attribute the waits of rows that received aggregates since they were last viewed."""
+        for row in rows:
+            if row not in self._dirty:
                 continue
-            row, col = self.row_for(r.step), self.column(r.rank)
-            cell = self._data["transfer_s"][row, col]
-            part = max(r.total_device_s - r.total_wait_s, 0.0)
-            self._data["transfer_s"][row, col] = part if np.isnan(cell) else cell + part
+            self._dirty.discard(row)
+            chunks = self._aggs[row]
+            joined = attribution.AggColumns(
+                **{
+                    name: np.concatenate([getattr(c, name) for c in chunks])
+                    for name in attribution.AggColumns.__dataclass_fields__
+                }
+            )
+            joined.row = np.zeros_like(joined.row)
+            result = attribution.attribute(joined, (1, self._width))
+            for name in _ATTRIBUTED:
+                self._data[name][row] = getattr(result, name)[0]
 
     def add_sample(self, rank: int, time_s: float, metric: str, value: float) -> None:
         """Attach an NVML reading to the newest step of `rank` that started before it."""
@@ -205,6 +245,7 @@ class StepWindow:
             rows = slice(first, first + 1)
         else:
             rows = np.asarray([s % self.capacity for s in steps], dtype=np.int64)
+        self._attribute([s % self.capacity for s in steps])
         d = {name: values[rows, :n] for name, values in self._data.items()}
         clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
@@ -218,8 +259,9 @@ class StepWindow:
             ranks=ids,
             step_time_s=d["step_time_s"],
             data_s=d["data_s"],
-            comm_wait_s=d["comm_wait_s"],
+            comm_wait_s=d["comm_wait_s"] + np.nan_to_num(d["hidden_wait_s"]),
             transfer_s=d["transfer_s"],
+            wait_s=d["wait_s"],
             tokens=d["tokens"],
             mfu=d["mfu"],
             step_start_s=self.start_s[rows],

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 metadata = MetaData()
@@ -116,6 +117,8 @@ coll_aggs = Table(
     Column("max_device_s", Double, nullable=False),
     Column("total_wait_s", Double, nullable=False),
     Column("last_seq", BigInteger, nullable=False),
+    Column("last_device_s", Double, nullable=False, server_default="0"),
+    Column("overlapped", Boolean, nullable=False, server_default=false()),
 )
 
 coll_events = Table(

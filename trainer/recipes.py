@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vigil import schema
+from vigil import flops, schema
 
 
 class DataParallel(enum.StrEnum):
@@ -91,7 +91,11 @@ class ModelConfig:
         return self.ffn_multiple_of * math.ceil(hidden / self.ffn_multiple_of)
 
     def num_params(self, *, include_embedding: bool = True) -> int:
-        """Exact parameter count of `vigil.trainer.model.Transformer` built from this config."""
+        """Exact parameter count of `vigil.trainer.model.Transformer` built from this config.
+
+        `include_embedding=False` leaves out the input embedding table only; the (untied) output
+        head stays, since it is a matmul per token. That is the N of `vigil.flops`.
+        """
         kv = self.kv_heads * self.head_dim
         attn = self.dim * self.dim * 2 + self.dim * kv * 2
         mlp = 3 * self.dim * self.ffn_dim
@@ -101,13 +105,13 @@ class ModelConfig:
         return total + embed if include_embedding else total
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6N + 12·L·H·Q·T (PaLM appendix B), N without embeddings."""
-        n = self.num_params(include_embedding=False)
-        return 6.0 * n + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+        """Training model FLOPs per token at `seq_len`: `vigil.flops.flops_per_token` of `shape`."""
+        return flops.flops_per_token(self.shape(seq_len))
 
     def shape(self, seq_len: int) -> schema.ModelShape:
+        """The shape the SDK's MFU accounting takes; params is N (no input embedding table)."""
         return schema.ModelShape(
-            params=self.num_params(),
+            params=self.num_params(include_embedding=False),
             layers=self.n_layers,
             hidden=self.dim,
             heads=self.n_heads,

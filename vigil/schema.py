@@ -108,7 +108,11 @@ class ParallelLayout(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class ModelShape(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What MFU accounting needs: parameters N, layers L, hidden H, heads, sequence length T."""
+    """What MFU accounting (`vigil.flops`) needs: N, layers L, hidden size, heads, seq length T.
+
+    `params` is N: every parameter except the input embedding table(s); the output head counts.
+    `hidden` is heads · head dim (PaLM's H·Q).
+    """
 
     params: NonNegInt
     layers: NonNegInt = 0
@@ -168,7 +172,13 @@ class StepRecord(_Record, tag="step", kw_only=True):
 
 
 class CollectiveAggregate(_Record, tag="coll_agg", kw_only=True):
-    """Per (step, rank, group, op): how many collectives ran and how long they took."""
+    """Per (step, rank, group, op): how many collectives ran and how long they took.
+
+    `last_device_s` is the duration of the op with the highest sequence number (`last_seq`);
+    `overlapped` says the ops ran behind compute and the training thread waited for them where
+    the SDK cannot see (DDP's gradient buckets): the analyzer takes their exposed wait from the
+    last op's duration across ranks instead of the sum (docs/architecture.md, "Attribution").
+    """
 
     job_id: Name
     rank: NonNegInt
@@ -181,6 +191,8 @@ class CollectiveAggregate(_Record, tag="coll_agg", kw_only=True):
     max_device_s: NonNegFloat = 0.0
     total_wait_s: NonNegFloat = 0.0
     last_seq: NonNegInt = 0
+    last_device_s: NonNegFloat = 0.0
+    overlapped: bool = False
 
 
 class CollectiveEvent(_Record, tag="coll_event", kw_only=True):

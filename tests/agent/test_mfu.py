@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vigil import schema
+from vigil import flops, schema
 from vigil.agent import mfu
+from vigil.trainer import recipes
 
 
 def test_palm_formula_counts_parameters_and_attention() -> None:
@@ -14,6 +15,26 @@ def test_palm_formula_counts_parameters_and_attention() -> None:
     assert mfu.palm_flops_per_token(shape) == 6 * 124e6 + 12 * 12 * 768 * 1024
     with pytest.raises(ValueError, match="params > 0"):
         mfu.palm_flops_per_token(schema.ModelShape(params=0))
+
+
+def test_tiny_recipe_flops_by_hand() -> None:
+    model = recipes.named("tiny").model  # vocab 256, dim 64, 2 layers, 4 heads, SwiGLU 192
+    block = (64 * 64 * 2 + 64 * 64 * 2) + 3 * 64 * 192 + 2 * 64  # attention, MLP, two norms
+    n = 2 * block + 64 + 256 * 64  # blocks, final norm, output head; no input embedding table
+    assert n == 123_200
+    assert model.shape(32).params == n == model.num_params() - 256 * 64
+    assert model.flops_per_token(32) == 6 * n + 12 * 2 * 64 * 32 == 788_352
+
+
+@pytest.mark.parametrize("name", recipes.recipe_names())
+def test_trainer_recipe_and_sdk_agree_on_flops_per_token(name: str) -> None:
+    recipe = recipes.named(name)
+    shape = recipe.model.shape(recipe.seq_len)  # what the trainer hands the SDK
+    want = recipe.model.flops_per_token(recipe.seq_len)  # what the trainer's own MFU uses
+    assert mfu.palm_flops_per_token(shape) == want == flops.flops_per_token(shape)
+    # N leaves out the input embedding table only: the output head is a matmul per token.
+    embed = recipe.model.vocab_size * recipe.model.dim
+    assert shape.params == recipe.model.num_params() - embed
 
 
 @pytest.mark.parametrize(

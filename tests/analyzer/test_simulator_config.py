@@ -24,7 +24,12 @@ def test_records_round_trip_into_the_same_arrays() -> None:
     rebuilt = arrays.from_records([codec.decode_json(line) for line in lines])
     assert rebuilt.job_id == "sim" and rebuilt.nodes[0] == "node0000"
     np.testing.assert_allclose(rebuilt.compute_s(), s.arrays.compute_s(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(rebuilt.transfer_s, s.arrays.transfer_s, rtol=1e-5, atol=1e-6)
+    # Transfer is attributed across ranks: the dp all-reduce's shortest member duration, the
+    # same for every member (the simulator's per-rank split is not observable from records).
+    shortest = np.maximum(s.arrays.comm_wait_s, s.arrays.transfer_s).min(axis=1)
+    np.testing.assert_allclose(
+        rebuilt.transfer_s, np.repeat(shortest[:, None], 8, axis=1), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_synchronous_steps_end_together_and_the_slowest_waits_least() -> None:

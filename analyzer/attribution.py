@@ -1,0 +1,161 @@
+"""Cross-rank wait attribution: who waited for whom, from the durations every member reported.
+
+In synchronous training a collective ends at nearly the same instant on every member, so for one
+op the difference between a member's duration and the shortest member's is that member's wait
+for the last arrival, and the shortest member arrived last. No clock alignment is needed, and
+unlike a rank's own history this tells a persistent straggler's lateness from transfer time.
+
+The SDK ships per (step, rank, group, op) an aggregate: count, total duration, the last op's
+duration and sequence number, and whether the ops were `overlapped` (run behind compute and
+waited for where the SDK cannot see, as DDP's gradient buckets are). Per (step, group, op) over
+the members that reported the same ops (equal `last_seq` and `count`, at least two members):
+
+- not overlapped (each op is waited for as it ends, so the waits add up):
+  wait_r = total_r - min_m total_m;
+- overlapped (the thread waits once, for the last op, at the end of backward; the earlier ones
+  overlap compute): wait_r = last_r - min_m last_m;
+- transfer, the same for every member: min_m total_m, the ops' time with nobody waited for.
+
+Point-to-point ops of one pair share their group's sequence numbers, so sends and receives are
+one class (`p2p`): the receiver's extra time is its wait for the sender.
+
+Per (step, rank) the results add over the rank's (group, op): `wait_s` (all of it),
+`hidden_wait_s` (the overlapped part, which the SDK's `comm_wait_s` cannot contain) and
+`transfer_s`. Cells without an attributable aggregate are NaN. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from vigil import schema
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+_P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
+
+
+def op_class(op: str) -> str:
+    """The class an op is matched in across members (sends and receives of a pair are one)."""
+    return "p2p" if op in _P2P_OPS else op
+
+
+@dataclass(kw_only=True)
+class Attribution:
+    """Per (step, rank): time waiting for the last arrival, the part of it the SDK cannot see,
+    and the collectives' own transfer time; NaN where nothing could be attributed."""
+
+    wait_s: F32
+    hidden_wait_s: F32
+    transfer_s: F32
+
+
+@dataclass(kw_only=True)
+class AggColumns:
+    """Collective aggregates as columns: row and column indices into a [steps, ranks] grid, the
+    (group, op class) key each belongs to, and the fields attribution reads."""
+
+    row: I64
+    col: I64
+    key: I64
+    count: I64
+    last_seq: I64
+    total_s: F64
+    last_s: F64
+    overlapped: npt.NDArray[np.bool_]
+
+    @classmethod
+    def empty(cls) -> AggColumns:
+        i, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return cls(
+            row=i, col=i, key=i, count=i, last_seq=i, total_s=f, last_s=f,
+            overlapped=np.zeros(0, dtype=bool),
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return int(self.row.size)
+
+
+def columns_of(
+    aggs: Sequence[schema.CollectiveAggregate],
+    row_of: dict[int, int],
+    col_of: dict[int, int],
+    keys: dict[tuple[str, str], int],
+) -> AggColumns:
+    """Aggregates whose step and rank are in `row_of` / `col_of` as columns; `keys` maps
+    (group, op class) to an index and grows with new ones."""
+    picked = [a for a in aggs if a.step in row_of and a.rank in col_of]
+    if not picked:
+        return AggColumns.empty()
+    key_ids = []
+    for a in picked:
+        k = (a.group, op_class(a.op))
+        index = keys.get(k)
+        if index is None:
+            index = keys[k] = len(keys)
+        key_ids.append(index)
+    return AggColumns(
+        row=np.fromiter((row_of[a.step] for a in picked), np.int64, len(picked)),
+        col=np.fromiter((col_of[a.rank] for a in picked), np.int64, len(picked)),
+        key=np.asarray(key_ids, dtype=np.int64),
+        count=np.fromiter((a.count for a in picked), np.int64, len(picked)),
+        last_seq=np.fromiter((a.last_seq for a in picked), np.int64, len(picked)),
+        total_s=np.fromiter((a.total_device_s for a in picked), np.float64, len(picked)),
+        last_s=np.fromiter((_last(a) for a in picked), np.float64, len(picked)),
+        overlapped=np.fromiter((a.overlapped for a in picked), bool, len(picked)),
+    )
+
+
+def _last(a: schema.CollectiveAggregate) -> float:
+    # Senders older than the field shipped 0: with one op the last is the total.
+    if a.last_device_s > 0 or a.count != 1:
+        return a.last_device_s
+    return a.total_device_s
+
+
+def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
+    """Attribute waits and transfer time over a [steps, ranks] grid; see the module docstring."""
+    wait = np.zeros(shape, dtype=np.float64)
+    hidden = np.zeros(shape, dtype=np.float64)
+    transfer = np.zeros(shape, dtype=np.float64)
+    seen = np.zeros(shape, dtype=bool)
+    if len(c):
+        num_keys = int(c.key.max()) + 1
+        cell = c.row * num_keys + c.key
+        _, inv = np.unique(cell, return_inverse=True)
+        inv = inv.astype(np.int64)
+        groups = int(inv.max()) + 1
+        top = np.full(groups, -1, dtype=np.int64)
+        np.maximum.at(top, inv, c.last_seq)
+        ok = c.last_seq == top[inv]
+        most = np.zeros(groups, dtype=np.int64)
+        np.maximum.at(most, inv[ok], c.count[ok])
+        ok &= c.count == most[inv]
+        members = np.bincount(inv[ok], minlength=groups)
+        ok &= members[inv] >= 2
+        min_total = np.full(groups, np.inf)
+        min_last = np.full(groups, np.inf)
+        np.minimum.at(min_total, inv[ok], c.total_s[ok])
+        np.minimum.at(min_last, inv[ok], c.last_s[ok])
+        i = inv[ok]
+        w = np.where(
+            c.overlapped[ok], c.last_s[ok] - min_last[i], c.total_s[ok] - min_total[i]
+        ).clip(min=0.0)
+        at = (c.row[ok], c.col[ok])
+        np.add.at(wait, at, w)
+        np.add.at(hidden, at, np.where(c.overlapped[ok], w, 0.0))
+        np.add.at(transfer, at, min_total[i])
+        seen[at] = True
+
+    def out(values: F64) -> F32:
+        result = np.full(shape, np.nan, dtype=np.float32)
+        result[seen] = values[seen]
+        return result
+
+    return Attribution(wait_s=out(wait), hidden_wait_s=out(hidden), transfer_s=out(transfer))

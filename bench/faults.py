@@ -1,0 +1,350 @@
+"""The real-job fault matrix: do vigil's findings name the right rank, kind and time?
+
+    python bench/faults.py [--wrappers ddp,fsdp,tp,pp,plain] [--seeds 2] [--quick]
+
+Real 4-rank gloo jobs (`tests/realjobs/train.py`: a user's own loop instrumented only through
+the public SDK) for each wrapper (DDP, FSDP2, DTensor TP, 1F1B pipeline, a plain loop calling
+dist.all_reduce) x faults injected by the job itself:
+  - compute stragglers making the job 1.1x, 1.25x and 2x slower, before forward (in a pipeline,
+    a slow forward layer), inside backward (a slow layer) and in the optimizer step;
+  - an intermittent straggler (2x every 4th step) and a ramp (1 % slower per step);
+  - data-loader stalls (inside `span("data")`, kind data_stall) at 1.25x and 2x;
+  - hangs of 8 s: before a collective, inside a collective no peer joins, in data loading and
+    in a checkpoint save; a crash (os._exit);
+  - clean jobs: ±15 % per-step jitter, one-off hiccups, a CPU-burning background process,
+    `--seeds` seeds each.
+Cases run one after another in one launch per wrapper (a crash in its own launch). Every rank
+ships to a real `vigil collector` (SQLite, its streaming analyzer on) and keeps a JSONL copy;
+every case is analysed offline (`vigil analyze --json`, a subprocess, as a user runs it) and
+online (the collector's findings API).
+
+Scoring, per case and mode: a fault case is detected when some finding names the culprit rank;
+its first such finding gives kind accuracy and latency (steps and seconds from the fault's first
+step to the finding's `detected_s`); culprit accuracy is whether the first finding of the case
+names exactly the culprit. Precision counts every finding of every kind: correct ones name the
+culprit with an acceptable kind (for a straggler also mfu_drop); every finding on a clean job is
+false (`clean_false_findings`). The last line is one JSON object with precision, recall,
+culprit_accuracy, kind_accuracy, clean_false_findings, median_latency_steps, cases (pooled over
+both modes), and the same per mode and for the targeted subsets (stragglers >= 1.25x, hangs,
+stragglers at 1.1x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.realjobs import launch as launcher  # noqa: E402
+from tests.realjobs import train  # noqa: E402
+
+WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain")
+FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
+STEPS = 40
+HANG_S = 8.0
+# Acceptable finding kinds per fault kind (a straggler also slows the job: an mfu_drop that
+# names the culprit is right too).
+ACCEPT = {
+    "straggler": {"straggler", "mfu_drop"},
+    "data_stall": {"data_stall", "mfu_drop"},
+    "hang": {"hang"},
+    "crash": {"crash", "hang"},
+}
+
+
+@dataclass
+class Spec:
+    wrapper: str
+    name: str
+    kind: str  # expected kind, or "clean"
+    rank: int = -1
+    onset: int = FAULT_STEP
+    group: str = ""  # what the case is counted under (e.g. "straggler 1.25x backward")
+    case: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job(self) -> str:
+        return f"{self.wrapper}-{self.name}"
+
+
+def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[Spec]]:
+    """(cases run in one launch, cases that end their launch: the crash)."""
+    out: list[Spec] = []
+
+    def add(
+        name: str, expect: str, culprit: int, group: str, steps: int = STEPS, **fault: Any
+    ) -> None:
+        case = {"job": f"{wrapper}-{name}", "steps": steps, "seed": len(out) + 1}
+        if fault:
+            case["fault"] = fault
+        onset = int(fault.get("step", FAULT_STEP)) if fault else FAULT_STEP
+        out.append(Spec(wrapper, name, expect, culprit, onset, group, case))
+
+    factors = (1.25,) if quick else (1.1, 1.25, 2.0)
+    positions = ("forward",) if quick else ("forward", "backward", "optimizer")
+    rank = 1
+    for factor in factors:
+        for where in positions:
+            rank = (rank + 1) % 4
+            add(
+                f"slow{factor}-{where}", "straggler", rank, f"straggler {factor}x",
+                kind="slow", rank=rank, factor=factor, where=where,
+            )  # fmt: skip
+    if not quick:
+        add("intermittent", "straggler", 3, "intermittent 2x every 4th step",
+            kind="slow", rank=3, factor=2.0, every=4)  # fmt: skip
+        add("ramp", "straggler", 2, "ramp 1%/step", steps=STEPS + 10,
+            kind="slow", rank=2, ramp=0.01)  # fmt: skip
+    for factor in (1.25,) if quick else (1.25, 2.0):
+        add(f"data{factor}", "data_stall", 1, f"data stall {factor}x",
+            kind="slow", rank=1, factor=factor, where="data")  # fmt: skip
+    hang_step = FAULT_STEP + 6
+    for where in ("before",) if quick else ("before", "collective", "data", "checkpoint"):
+        add(f"hang-{where}", "hang", 1, f"hang {where}", steps=hang_step + 6,
+            kind="hang", rank=1, step=hang_step, seconds=HANG_S, where=where)  # fmt: skip
+    for seed in range(1, seeds + 1):
+        for noise in ("jitter", "hiccup", "cpu_hog"):
+            case = {"job": f"{wrapper}-clean-{noise}-{seed}", "steps": STEPS, "seed": 100 + seed}
+            case["noise"] = {"kind": noise, "share": 0.15}
+            out.append(Spec(wrapper, f"clean-{noise}-{seed}", "clean", group=f"clean {noise}",
+                            case=case))  # fmt: skip
+    crash = Spec(wrapper, "crash", "crash", 3, FAULT_STEP + 4, "crash",
+                 {"job": f"{wrapper}-crash", "steps": STEPS, "seed": 99,
+                  "fault": {"kind": "crash", "rank": 3, "step": FAULT_STEP + 4}})  # fmt: skip
+    return out, [] if quick else [crash]
+
+
+# -- running ----------------------------------------------------------------------------------
+class Collector:
+    """A real `vigil collector` on loopback with SQLite and its streaming analyzer."""
+
+    def __init__(self, work: Path) -> None:
+        self.port = launcher.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "VIGIL_DATA_DIR": str(work / "collector")}
+        self.log = open(work / "collector.log", "wb")  # noqa: SIM115
+        store = f"sqlite:///{work / 'collector.sqlite3'}"
+        cmd = [sys.executable, "-m", "vigil", "collector", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, "--store", store],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self.get("/api/v1/jobs")
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"collector did not start; see {work / 'collector.log'}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def offline_findings(folder: Path) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "vigil", "analyze", str(folder), "--json", "--no-progress"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"vigil analyze {folder} failed: {done.stderr[-2000:]}")
+    return list(json.loads(done.stdout)["findings"])
+
+
+def online_findings(collector: Collector, job: str) -> list[dict[str, Any]]:
+    found = collector.get(f"/api/v1/jobs/{job}/findings?limit=1000")
+    return list(found)
+
+
+def onset_time(folder: Path, spec: Spec) -> float:
+    """Wall-clock start of the culprit's first faulty step (from its own step records)."""
+    path = folder / f"rank-{spec.rank:05d}.jsonl"
+    best = float("nan")
+    if not path.exists():
+        return best
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "step" and record["step"] == spec.onset:
+            return float(record["start_s"])
+        if record.get("type") == "step" and record["step"] < spec.onset:
+            best = float(record["end_s"])
+    return best
+
+
+# -- scoring ----------------------------------------------------------------------------------
+@dataclass
+class Score:
+    spec: Spec
+    mode: str
+    findings: list[dict[str, Any]]
+    detected: bool = False
+    culprit_ok: bool = False
+    kind_ok: bool = False
+    correct: int = 0
+    latency_steps: float | None = None
+    latency_s: float | None = None
+
+
+def score(spec: Spec, mode: str, findings: list[dict[str, Any]], onset_s: float) -> Score:
+    # One finding per id (a resolved re-send of an open finding is the same finding).
+    unique = list({f["finding_id"]: f for f in findings}.values())
+    unique.sort(key=lambda f: f.get("detected_s") or 0.0)
+    s = Score(spec, mode, unique)
+    if spec.kind == "clean":
+        return s
+    naming = [f for f in unique if spec.rank in f["subjects"].get("ranks", [])]
+    s.correct = sum(
+        1
+        for f in naming
+        if f["kind"] in ACCEPT[spec.kind] and f["subjects"]["ranks"] == [spec.rank]
+    )
+    if not naming:
+        return s
+    s.detected = True
+    first = unique[0]
+    s.culprit_ok = first["subjects"].get("ranks", []) == [spec.rank]
+    s.kind_ok = naming[0]["kind"] == spec.kind
+    s.latency_steps = max(0, int(naming[0]["step_start"]) - spec.onset)
+    if naming[0].get("detected_s") and onset_s == onset_s:
+        s.latency_s = round(float(naming[0]["detected_s"]) - onset_s, 2)
+        # Steps from the fault's first step to the step at which it was reported.
+        if spec.kind in ("straggler", "data_stall"):
+            s.latency_steps = max(0, int(naming[0]["step_end"]) - spec.onset)
+    return s
+
+
+def summarise(scores: list[Score]) -> dict[str, Any]:
+    faults = [s for s in scores if s.spec.kind != "clean"]
+    detected = [s for s in faults if s.detected]
+    findings = sum(len(s.findings) for s in scores)
+    correct = sum(s.correct for s in scores)
+    lat = [s.latency_steps for s in detected if s.latency_steps is not None]
+    lat_s = [s.latency_s for s in detected if s.latency_s is not None]
+    return {
+        "cases": len(scores),
+        "precision": round(correct / findings, 3) if findings else 1.0,
+        "recall": round(len(detected) / len(faults), 3) if faults else 1.0,
+        "culprit_accuracy": round(sum(s.culprit_ok for s in detected) / len(detected), 3)
+        if detected
+        else 0.0,
+        "kind_accuracy": round(sum(s.kind_ok for s in detected) / len(detected), 3)
+        if detected
+        else 0.0,
+        "clean_false_findings": sum(len(s.findings) for s in scores if s.spec.kind == "clean"),
+        "median_latency_steps": statistics.median(lat) if lat else None,
+        "median_latency_s": round(statistics.median(lat_s), 2) if lat_s else None,
+        "max_latency_s": max(lat_s) if lat_s else None,
+    }
+
+
+def _line(label: str, summary: dict[str, Any]) -> str:
+    keys = ("cases", "precision", "recall", "culprit_accuracy", "kind_accuracy",
+            "clean_false_findings", "median_latency_steps", "median_latency_s")  # fmt: skip
+    return f"{label:<38} " + "  ".join(f"{k}={summary[k]}" for k in keys)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wrappers", default=",".join(WRAPPERS))
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="1.25x forward, data, hang, clean")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+    wrappers = [w for w in args.wrappers.split(",") if w]
+    unknown = set(wrappers) - set(WRAPPERS)
+    if unknown:
+        parser.error(f"unknown wrappers {sorted(unknown)}; choose from {WRAPPERS}")
+    work = Path(tempfile.mkdtemp(prefix="vigil-faults-"))
+    started = time.monotonic()
+    collector = Collector(work)
+    specs: list[Spec] = []
+    try:
+        for wrapper in wrappers:
+            grouped, alone = specs_for(wrapper, args.seeds, args.quick)
+            for batch in [grouped, *([c] for c in alone)]:
+                result = launcher.launch(
+                    wrapper, [s.case for s in batch], work / "out", collector=collector.url,
+                    progress_dir=work / "pages", timeout_s=900,
+                )  # fmt: skip
+                expect_fail = any(s.kind == "crash" for s in batch)
+                if (max(result.exit_codes) != 0) != expect_fail:
+                    print(f"{wrapper}: launch exit codes {result.exit_codes}; see {result.logs}")
+                print(f"{wrapper}: {len(batch)} case(s) in {result.seconds:.0f} s", flush=True)
+                specs.extend(batch)
+        time.sleep(3.0)  # the last flushes and the analyzer's queue
+        scores: list[Score] = []
+        for spec in specs:
+            folder = work / "out" / spec.job
+            onset = onset_time(folder, spec) if spec.rank >= 0 else float("nan")
+            scores.append(score(spec, "offline", offline_findings(folder), onset))
+            scores.append(score(spec, "online", online_findings(collector, spec.job), onset))
+    finally:
+        collector.stop()
+    report(scores)
+    overall = summarise(scores)
+    by_mode = {m: summarise([s for s in scores if s.mode == m]) for m in ("offline", "online")}
+    targeted = {
+        "straggler>=1.25x": summarise(
+            [s for s in scores if s.spec.group in ("straggler 1.25x", "straggler 2.0x")]
+        ),
+        "hang": summarise([s for s in scores if s.spec.kind == "hang"]),
+        "straggler 1.1x": summarise([s for s in scores if s.spec.group == "straggler 1.1x"]),
+    }
+    for name, summary in targeted.items():
+        print(_line(f"target {name}", summary))
+    print(f"matrix ran in {time.monotonic() - started:.0f} s; work folder {work}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({**overall, "by_mode": by_mode, "targets": targeted}))
+
+
+def report(scores: list[Score]) -> None:
+    print("\nper case (offline | online): detected culprit kind latency_steps latency_s findings")
+    pairs: dict[str, list[Score]] = defaultdict(list)
+    for s in scores:
+        pairs[s.spec.job].append(s)
+    for job, both in pairs.items():
+        cells = []
+        for s in both:
+            kinds = ",".join(f"{f['kind']}:{f['subjects'].get('ranks', [])}" for f in s.findings)
+            cells.append(
+                f"{'Y' if s.detected else '-'}{'c' if s.culprit_ok else ' '}"
+                f"{'k' if s.kind_ok else ' '} {s.latency_steps!s:>4} {s.latency_s!s:>6} [{kinds}]"
+            )
+        print(f"  {job:<34} " + " | ".join(cells))
+    print()
+    groups: dict[str, list[Score]] = defaultdict(list)
+    wrappers: dict[str, list[Score]] = defaultdict(list)
+    for s in scores:
+        groups[s.spec.group].append(s)
+        wrappers[s.spec.wrapper].append(s)
+    for name, items in groups.items():
+        print(_line(f"kind {name}", summarise(items)))
+    for name, items in wrappers.items():
+        print(_line(f"wrapper {name}", summarise(items)))
+
+
+if __name__ == "__main__":
+    main()

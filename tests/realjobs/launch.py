@@ -1,0 +1,90 @@
+"""Start `train.py` on N local processes the way torchrun does, and wait for them.
+
+Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a fresh MASTER_PORT; output goes to
+`<out>/launch-<n>/rank-<r>.log`. When one rank exits non-zero the others are given a moment
+to notice (their collectives fail) and are then killed, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRAIN = Path(__file__).with_name("train.py")
+
+
+@dataclass(frozen=True)
+class Launch:
+    exit_codes: list[int]
+    seconds: float
+    logs: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(
+    wrapper: str,
+    cases: list[dict[str, Any]],
+    out: Path,
+    *,
+    nproc: int = 4,
+    collector: str | None = None,
+    timeout_s: float = 600.0,
+    progress_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Launch:
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / f"launch-{wrapper}-{time.monotonic_ns()}"
+    logs.mkdir()
+    spec = logs / "cases.json"
+    spec.write_text(json.dumps(cases))
+    port = free_port()
+    procs = []
+    started = time.monotonic()
+    for rank in range(nproc):
+        rank_env = {
+            **os.environ,
+            **(env or {}),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [sys.executable, str(TRAIN), "--wrapper", wrapper, "--cases", str(spec)]
+        cmd += ["--out", str(out)]
+        if collector:
+            cmd += ["--collector", collector]
+        if progress_dir is not None:
+            cmd += ["--progress-dir", str(progress_dir)]
+        with open(logs / f"rank-{rank}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
+    deadline = started + timeout_s
+    first_failure: float | None = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if any(p.returncode not in (None, 0) for p in procs) and first_failure is None:
+            first_failure = now
+        if now > deadline or (first_failure is not None and now > first_failure + 15.0):
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return Launch([int(p.returncode) for p in procs], time.monotonic() - started, logs)
