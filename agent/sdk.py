@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -181,12 +182,19 @@ def on_control(kind: str, callback: Callable[[], Any]) -> None:
 
 
 def shutdown() -> None:
-    """Flush everything, mark the rank finished and remove the hooks (idempotent)."""
+    """Flush everything, mark the rank finished and remove the hooks (idempotent).
+
+    Called while an exception propagates (a `finally:` around the training loop) or is being
+    handled, the rank is marked failed instead: that is how its peers' crash is told apart from
+    a clean end. A process that exits without calling it is marked the same way at exit."""
     global _session
     current_session, _session = _session, None
     if current_session is None:
         return
+    error = sys.exc_info()[1]
+    ending = not isinstance(error, SystemExit) or error.code not in (None, 0)
+    state = schema.RankState.FAILED if error is not None and ending else schema.RankState.FINISHED
     try:
-        current_session.shutdown()
+        current_session.shutdown(state)
     except Exception:
         log.exception("vigil SDK shutdown failed (training is unaffected)")

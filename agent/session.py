@@ -11,6 +11,7 @@ Must not raise into training: every entry point here is wrapped fail-open by `vi
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import faulthandler
@@ -18,6 +19,7 @@ import logging
 import math
 import os
 import resource
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -154,6 +156,10 @@ class Session:
             collectives.install(self.recorder)
         self._publish(schema.RankState.STARTING)
         self.flusher.start()
+        # A process that exits without shutdown() (an exception ended it) says so: its peers'
+        # ranks end FAILED too, while a rank killed outright (SIGKILL, os._exit, the OOM
+        # killer) sends nothing more, which is how the analyzer names a crash's culprit.
+        atexit.register(self._at_exit)
 
     # -- set-up ---------------------------------------------------------------------------
     def _resolve_peak(self) -> tuple[str, float]:
@@ -475,11 +481,21 @@ class Session:
             self.dump_evidence(reason=f"no progress for {stalled:.1f} s")
 
     # -- end ------------------------------------------------------------------------------
-    def shutdown(self) -> None:
+    def _at_exit(self) -> None:
+        failed = getattr(sys, "last_value", None) is not None  # an unhandled exception
+        try:
+            self.shutdown(state=schema.RankState.FAILED if failed else schema.RankState.FINISHED)
+        except Exception:  # at exit nothing may raise
+            log.debug("vigil SDK: shutdown at exit failed", exc_info=True)
+
+    def shutdown(self, state: schema.RankState = schema.RankState.FINISHED) -> None:
+        """Flush and stop; `state` is the rank's last word (FAILED when an exception ended the
+        process before the training loop called shutdown)."""
+        atexit.unregister(self._at_exit)
         if self.cfg.time_collectives:
             collectives.uninstall()
         self.phases.remove()
-        self._publish(schema.RankState.FINISHED)
+        self._publish(state)
         self._peak_memory_bytes = _peak_memory(self._cuda_device)
         self._settle_steps(final=True)
         cfg = self.cfg
@@ -489,7 +505,7 @@ class Session:
                 rank=cfg.rank,
                 time_s=time.time(),
                 last_step=self.current_step,
-                state=schema.RankState.FINISHED,
+                state=state,
             )
         )
         self.flusher.stop()

@@ -41,24 +41,52 @@ def replay_hang(
     records: Iterable[schema.Record],
     now_s: float,
     cfg: config_mod.HangConfig,
-) -> schema.Finding | None:
-    """Feed progress and positions to a hang tracker and check it once at `now_s`."""
+) -> list[schema.Finding]:
+    """Replay progress and positions through a hang tracker in time order, checking it as the
+    streaming analyzer's ticks would (at each heartbeat, at most every `_CHECK_EVERY_S`) and
+    at `now_s`: a hang the job came out of is found too. Returns each hang finding once, in
+    its final state."""
     tracker = hangs.HangTracker(a.job_id, cfg)
     with np.errstate(all="ignore"):
         step_time = np.nanmedian(a.step_time_s, axis=1)
-    for i in range(a.num_steps):
-        if np.isfinite(a.step_end_s[i]):
-            tracker.observe_step_time(int(a.steps[i]), float(a.step_end_s[i]), float(step_time[i]))
-    positions = sorted(
-        (r for r in records if isinstance(r, schema.Heartbeat | schema.CollectiveAggregate)),
-        key=_position_time,
-    )
-    for record in positions:
-        if isinstance(record, schema.Heartbeat):
-            tracker.observe_heartbeat(record)
-        else:
+    step_end = {int(s): float(e) for s, e in zip(a.steps, a.step_end_s, strict=True)}
+    events: list[tuple[float, int, int, schema.Record | None]] = [
+        (float(a.step_end_s[i]), 0, i, None)
+        for i in range(a.num_steps)
+        if np.isfinite(a.step_end_s[i])
+    ]
+    for r in records:
+        if isinstance(r, schema.Heartbeat):
+            events.append((r.time_s, 2, 0, r))
+        elif isinstance(r, schema.CollectiveAggregate):
+            # An aggregate describes a finished step: its position is known when it ends.
+            events.append((step_end.get(r.step, -1.0), 1, 0, r))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    found: dict[str, schema.Finding] = {}
+    checked = -np.inf
+    for time_s, kind, i, record in events:
+        if kind == 0:
+            tracker.observe_step_time(
+                int(a.steps[i]), time_s, float(step_time[i]), float(a.step_start_s[i])
+            )
+        elif isinstance(record, schema.CollectiveAggregate):
             tracker.observe_seq(record.rank, record.group, record.last_seq, record.op)
-    return tracker.check(now_s)
+        elif isinstance(record, schema.Heartbeat):
+            tracker.observe_heartbeat(record)
+            if time_s - checked >= _CHECK_EVERY_S:
+                checked = time_s
+                _keep(found, tracker.check(time_s))
+    _keep(found, tracker.check(now_s, final=True))
+    return list(found.values())
+
+
+# The streaming analyzer's tick: how often the replay asks the tracker.
+_CHECK_EVERY_S = 0.5
+
+
+def _keep(found: dict[str, schema.Finding], finding: schema.Finding | None) -> None:
+    if finding is not None:
+        found[finding.finding_id] = finding
 
 
 def _position_time(record: schema.Heartbeat | schema.CollectiveAggregate) -> tuple[float, int]:
@@ -99,7 +127,5 @@ def analyze_records(
         merged = job_records + samples
         a = arrays_mod.from_records(merged, job_id=job)
         out.extend(analyze_arrays(a, cfg))
-        hang = replay_hang(a, job_records, newest_time_s(merged), cfg.hang)
-        if hang is not None:
-            out.append(hang)
+        out.extend(replay_hang(a, job_records, newest_time_s(merged), cfg.hang))
     return out

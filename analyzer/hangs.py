@@ -7,6 +7,13 @@ percentile, min_s)` seconds (a job that has just turned slow is not hung), and n
 the culprits: following who waits for whom (a rank waiting in group G at sequence q waits for the
 members of G that have not reached q), the ranks at the end of those chains never entered the
 collective the others wait in. Pure: the caller supplies `now_s`.
+
+It also tells a crash from a hang by the heartbeats, which the SDK's background thread sends
+each second whatever the training thread does: a hung rank keeps sending them, a dead one
+does not. A rank whose heartbeats stop without its last word (`finished`, or `failed` when an
+exception ended the process) was killed outright; when its peers then end `failed` (their
+collectives broke) or keep beating (they wait for it), it is the crash's culprit. When every
+rank that stopped said `failed`, the first to fail is.
 """
 
 from __future__ import annotations
@@ -197,6 +204,9 @@ class HangTracker:
         self._restarted_s: float | None = None
         # The latest restart: heartbeats older than it describe ranks that no longer exist.
         self._epoch_s = 0.0
+        self._last_beat: dict[int, float] = {}  # rank -> time of its newest heartbeat
+        self._failed: dict[int, float] = {}  # rank -> when it said `failed`
+        self._crash: schema.Finding | None = None
 
     @property
     def last_progress_s(self) -> float:
@@ -229,6 +239,9 @@ class HangTracker:
             state.clear()
         self._finished.clear()
         self._checkpointing.clear()
+        self._last_beat.clear()
+        self._failed.clear()
+        self._crash = None
 
     def observe_seq(self, rank: int, group: str, seq: int, op: str, *, now: bool = False) -> None:
         """The last sequence number `rank` entered in `group` (e.g. from a collective aggregate);
@@ -264,6 +277,13 @@ class HangTracker:
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
         if hb.time_s < self._epoch_s:
             return  # sent by a rank of an attempt that has since been restarted
+        self._last_beat[hb.rank] = max(self._last_beat.get(hb.rank, 0.0), hb.time_s)
+        if hb.state is schema.RankState.FAILED:
+            self._failed.setdefault(hb.rank, hb.time_s)
+        if hb.state is schema.RankState.FAILED and hb.last_group == "":
+            # A final heartbeat carries no position: keep the rank's last known one.
+            self._waits.pop(hb.rank, None)
+            return
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
 
     def threshold_s(self) -> float:
@@ -273,8 +293,16 @@ class HangTracker:
             return max(learned, self.cfg.warmup_s)
         return learned
 
-    def check(self, now_s: float) -> schema.Finding | None:
-        """A new or resolved hang finding, or None when nothing changed."""
+    def check(self, now_s: float, *, final: bool = False) -> schema.Finding | None:
+        """A new or resolved hang finding, a crash finding, or None when nothing changed
+        (`final`: no more records will come, e.g. the end of an offline replay)."""
+        if self._crash is not None:
+            return None
+        crash = self._check_crash(now_s, final=final)
+        if crash is not None or self._failed:
+            # A job whose ranks are failing is not hung: its crash is reported (or will be,
+            # once the peers' last heartbeats are in).
+            return crash
         if self._last_progress_s <= 0:
             return None
         silent = now_s - self._last_progress_s
@@ -289,6 +317,69 @@ class HangTracker:
             return None
         self._open = self._hang_finding(now_s, silent, threshold)
         return self._open
+
+    def _check_crash(self, now_s: float, *, final: bool) -> schema.Finding | None:
+        beats = self._last_beat
+        if not beats:
+            return None
+        ended = self._finished | set(self._failed)
+        if self._failed:
+            first = min(self._failed.values())
+            if not final and now_s < first + _PEERS_SETTLE_S:
+                return None  # the other ranks' last heartbeats may still be on their way
+            # Silent since before the first failure: living ranks beat each second (a rank
+            # known from its collectives that never sent a heartbeat is silent too).
+            known = self._ranks | set(beats)
+            culprits = sorted(
+                r for r in known if r not in ended and beats.get(r, 0.0) <= first + _BEAT_SLACK_S
+            )
+            how = "stopped without a last word"
+            if not culprits:
+                # The first to fail: its peers' collectives break only once its process is
+                # gone, after its last word.
+                culprits = sorted(r for r, t in self._failed.items() if t == first)
+                how = "failed first"
+        else:
+            silent = [
+                r for r, t in beats.items() if r not in ended and now_s - t >= _CRASH_SILENCE_S
+            ]
+            alive = [r for r, t in beats.items() if r not in ended and now_s - t < _ALIVE_S]
+            if not silent or not alive:
+                return None
+            culprits, how = sorted(silent), "stopped while its peers kept beating"
+        self._crash = self._crash_finding(now_s, culprits, how)
+        return self._crash
+
+    def _crash_finding(self, now_s: float, culprits: list[int], how: str) -> schema.Finding:
+        beats = self._last_beat
+        last = max(beats.get(r, 0.0) for r in culprits)
+        peers = [t for r, t in beats.items() if r not in culprits]
+        shown = ", ".join(map(str, culprits[:8])) + ("..." if len(culprits) > 8 else "")
+        failed = len(self._failed)
+        return findings.make_finding(
+            kind=schema.FindingKind.CRASH,
+            job_id=self.job_id,
+            subjects=schema.Subjects(ranks=culprits),
+            step_start=self._last_step + 1,
+            step_end=self._last_step + 1,
+            summary=(
+                f"crash: rank(s) {shown} {how} after step {self._last_step}"
+                + (f"; {failed} rank(s) then failed" if failed else "")
+            ),
+            evidence=[
+                findings.evidence(
+                    "silent_before_peers",
+                    max(max(peers) - last, 0.0) if peers else 0.0,
+                    unit="s",
+                    note="from the culprit's newest heartbeat to its peers' newest",
+                ),
+                findings.evidence("ranks_failed", failed),
+            ],
+            confidence=0.9 if how != "failed first" else 0.7,
+            detected_s=now_s,
+            trace_start_s=self._last_progress_s,
+            trace_end_s=now_s,
+        )
 
     def _hang_finding(self, now_s: float, silent: float, threshold: float) -> schema.Finding:
         culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
@@ -341,6 +432,16 @@ class HangTracker:
             trace_start_s=self._last_progress_s,
             trace_end_s=now_s,
         )
+
+
+# The SDK sends a heartbeat each second: 5 s without one (and no last word) is a dead process,
+# not a slow flush; a peer that beat within 2.5 s is alive. Failing peers' last heartbeats
+# reach the analyzer within about 2 s of the first; a rank that stopped by then (0.5 s slack
+# for its last flush) stopped first.
+_CRASH_SILENCE_S = 5.0
+_ALIVE_S = 2.5
+_PEERS_SETTLE_S = 2.0
+_BEAT_SLACK_S = 0.5
 
 
 def _resolved(finding: schema.Finding, last_step: int) -> schema.Finding:

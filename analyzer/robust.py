@@ -6,6 +6,8 @@ missing value (a rank that did not report a step) and never counts as an outlier
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import numpy.typing as npt
 
@@ -39,7 +41,8 @@ def robust_center_scale(
 def nanmedian(values: FloatArray, axis: int, *, keepdims: bool = False) -> FloatArray:
     """np.nanmedian, through np.median when nothing is missing (numpy's NaN-aware median of
     small arrays goes through masked arrays: about 10x slower per call)."""
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row's median is NaN
         if np.isnan(values).any():
             return np.asarray(np.nanmedian(values, axis=axis, keepdims=keepdims))
         return np.asarray(np.median(values, axis=axis, keepdims=keepdims))

@@ -172,7 +172,7 @@ def clean_run(ranks: int, steps: int) -> int:
     hang = engine.replay_hang(
         s.arrays, [], float(s.arrays.step_end_s[-1]) + 0.5, engine.config_mod.HangConfig()
     )
-    return len(found) + (hang is not None)
+    return len(found) + len(hang)
 
 
 def offline_scale(ranks: int, steps: int) -> tuple[float, float]:

@@ -178,19 +178,24 @@ def online_findings(collector: Collector, job: str) -> list[dict[str, Any]]:
     return list(found)
 
 
-def onset_time(folder: Path, spec: Spec) -> float:
-    """Wall-clock start of the culprit's first faulty step (from its own step records)."""
-    path = folder / f"rank-{spec.rank:05d}.jsonl"
-    best = float("nan")
+def step_times(folder: Path, spec: Spec) -> tuple[float, list[tuple[int, float]]]:
+    """The wall-clock start of the first faulty step and (step, end) of every step, from the
+    culprit's own step records (rank 0's on a clean job)."""
+    path = folder / f"rank-{max(spec.rank, 0):05d}.jsonl"
+    onset, ends = float("nan"), []
     if not path.exists():
-        return best
+        return onset, ends
     for line in path.read_text().splitlines():
         record = json.loads(line)
-        if record.get("type") == "step" and record["step"] == spec.onset:
-            return float(record["start_s"])
-        if record.get("type") == "step" and record["step"] < spec.onset:
-            best = float(record["end_s"])
-    return best
+        if record.get("type") != "step":
+            continue
+        ends.append((int(record["step"]), float(record["end_s"])))
+        if record["step"] == spec.onset:
+            onset = float(record["start_s"])
+    if onset != onset:  # the culprit died before the fault's step started: its last end
+        before = [end for step, end in ends if step < spec.onset]
+        onset = max(before) if before else onset
+    return onset, sorted(ends)
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -207,7 +212,13 @@ class Score:
     latency_s: float | None = None
 
 
-def score(spec: Spec, mode: str, findings: list[dict[str, Any]], onset_s: float) -> Score:
+def score(
+    spec: Spec,
+    mode: str,
+    findings: list[dict[str, Any]],
+    onset_s: float,
+    ends: list[tuple[int, float]],
+) -> Score:
     # One finding per id (a resolved re-send of an open finding is the same finding).
     unique = list({f["finding_id"]: f for f in findings}.values())
     unique.sort(key=lambda f: f.get("detected_s") or 0.0)
@@ -226,12 +237,13 @@ def score(spec: Spec, mode: str, findings: list[dict[str, Any]], onset_s: float)
     first = unique[0]
     s.culprit_ok = first["subjects"].get("ranks", []) == [spec.rank]
     s.kind_ok = naming[0]["kind"] == spec.kind
-    s.latency_steps = max(0, int(naming[0]["step_start"]) - spec.onset)
-    if naming[0].get("detected_s") and onset_s == onset_s:
-        s.latency_s = round(float(naming[0]["detected_s"]) - onset_s, 2)
-        # Steps from the fault's first step to the step at which it was reported.
-        if spec.kind in ("straggler", "data_stall"):
-            s.latency_steps = max(0, int(naming[0]["step_end"]) - spec.onset)
+    detected = float(naming[0].get("detected_s") or 0.0)
+    if detected and onset_s == onset_s:
+        s.latency_s = round(detected - onset_s, 2)
+        # Steps from the fault's first step to the first step that ended at detection.
+        ended = [step for step, end in ends if end >= detected - 1e-3]
+        last = max((step for step, _ in ends), default=spec.onset)
+        s.latency_steps = max(0, (min(ended) if ended else last) - spec.onset)
     return s
 
 
@@ -297,9 +309,10 @@ def main() -> None:
         scores: list[Score] = []
         for spec in specs:
             folder = work / "out" / spec.job
-            onset = onset_time(folder, spec) if spec.rank >= 0 else float("nan")
-            scores.append(score(spec, "offline", offline_findings(folder), onset))
-            scores.append(score(spec, "online", online_findings(collector, spec.job), onset))
+            onset, ends = step_times(folder, spec)
+            scores.append(score(spec, "offline", offline_findings(folder), onset, ends))
+            online = online_findings(collector, spec.job)
+            scores.append(score(spec, "online", online, onset, ends))
     finally:
         collector.stop()
     report(scores)

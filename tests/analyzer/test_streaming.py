@@ -47,7 +47,10 @@ def test_finding_resolves_with_the_same_id_when_the_rank_recovers() -> None:
     ]
     assert [f.state for f in found] == ["open", "resolved"]
     assert found[0].finding_id == found[1].finding_id
-    assert 39 <= found[1].step_end <= 41
+    # The rank recovered at step 40; its smoothed signal (the mean of its last smooth_steps
+    # steps) stays up for about half of them.
+    smooth = streaming.config_mod.StragglerConfig().smooth_steps
+    assert 39 <= found[1].step_end <= 40 + smooth // 2 + 1
 
 
 def test_a_silent_rank_does_not_stall_analysis_of_the_others() -> None:

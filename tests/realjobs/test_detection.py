@@ -1,0 +1,111 @@
+"""vigil names the slow, stuck or dead rank of real jobs it did not write.
+
+Real 4-rank gloo processes run `train.py`, a user's own loop instrumented only through the
+public SDK, under each parallel wrapper (DDP, FSDP2, DTensor TP, a 1F1B pipeline, a plain loop
+calling dist.all_reduce). Each wrapper's launch runs its cases in turn: a clean jittery job, and
+a 2x straggler in each position (before forward / a slow forward layer in the pipeline, a slow
+layer in backward, the optimizer step, data loading inside `span("data")`). Every case is
+analysed with `vigil analyze --json` as a user runs it. Hangs and a crash run on the plain loop
+and DDP. The full matrix, with magnitudes down to 1.1x and the online analyzer, is
+`bench/faults.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.realjobs import launch as launcher
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
+
+POSITIONS = ("forward", "backward", "optimizer", "data")
+CULPRIT = {"forward": 1, "backward": 2, "optimizer": 3, "data": 0}
+EXPECTED_KIND = {"forward": "straggler", "backward": "straggler", "optimizer": "straggler"}
+
+
+def _analyze(folder: Path) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "vigil", "analyze", str(folder), "--json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return list(json.loads(done.stdout)["findings"])
+
+
+def _named(findings: list[dict[str, Any]]) -> list[tuple[str, list[int]]]:
+    return sorted({(f["kind"], tuple(f["subjects"].get("ranks", []))) for f in findings})  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One launch per wrapper: a clean case, then a 2x straggler in each position."""
+    out = tmp_path_factory.mktemp("realjobs")
+    pages = tmp_path_factory.mktemp("pages")
+    for wrapper in ("ddp", "fsdp", "tp", "pp", "plain"):
+        cases: list[dict[str, Any]] = [
+            {"job": f"{wrapper}-clean", "steps": 36, "seed": 3, "noise": {"kind": "jitter"}}
+        ]
+        for where in POSITIONS:
+            fault = {"kind": "slow", "rank": CULPRIT[where], "factor": 2.0, "where": where}
+            cases.append({"job": f"{wrapper}-{where}", "steps": 36, "seed": 4, "fault": fault})
+        result = launcher.launch(wrapper, cases, out, progress_dir=pages, timeout_s=400)
+        assert result.exit_codes == [0, 0, 0, 0], f"{wrapper}: see {result.logs}"
+    return {p.name: p for p in out.iterdir() if p.is_dir()}
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp", "tp", "pp", "plain"])
+def test_a_clean_jittery_job_has_no_finding(runs: dict[str, Path], wrapper: str) -> None:
+    assert _analyze(runs[f"{wrapper}-clean"]) == []
+
+
+@pytest.mark.parametrize("where", POSITIONS)
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp", "tp", "pp", "plain"])
+def test_the_slow_rank_is_named_wherever_it_is_slow(
+    runs: dict[str, Path], wrapper: str, where: str
+) -> None:
+    found = _analyze(runs[f"{wrapper}-{where}"])
+    kind = EXPECTED_KIND.get(where, "data_stall")
+    assert _named(found) == [(kind, (CULPRIT[where],))], [f["summary"] for f in found]
+    finding = found[0]
+    signal = finding["evidence"][0]
+    assert signal["observed"] > signal["baseline"]  # the evidence moved the right way
+    if kind == "straggler":
+        wait = next(e for e in finding["evidence"] if e["metric"] == "comm_wait_time")
+        assert wait["observed"] < wait["baseline"]  # the straggler waits least
+    assert finding["step_start"] <= 8 + 20  # reported within 20 steps of the fault's onset
+
+
+def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
+    """Bounded 6 s hangs (before a collective, inside one no peer joins, in data loading) on
+    DDP, then a crash (os._exit) in a launch of its own on the plain loop."""
+    cases = [
+        {
+            "job": f"hang-{where}",
+            "steps": 20,
+            "seed": 5,
+            "fault": {"kind": "hang", "rank": 2, "step": 12, "seconds": 6.0, "where": where},
+        }
+        for where in ("before", "collective", "data")
+    ]
+    result = launcher.launch("ddp", cases, tmp_path, timeout_s=300)
+    assert result.exit_codes == [0, 0, 0, 0], f"see {result.logs}"
+    for case in cases:
+        found = _analyze(tmp_path / case["job"])
+        assert _named(found) == [("hang", (2,))], [f["summary"] for f in found]
+        silent = found[0]["evidence"][0]
+        assert silent["metric"] == "seconds_without_progress" and silent["observed"] < 6.0
+    crash = [
+        {"job": "crash", "steps": 30, "seed": 6, "fault": {"kind": "crash", "rank": 3, "step": 12}}
+    ]
+    result = launcher.launch("plain", crash, tmp_path, timeout_s=300)
+    assert result.exit_codes[3] == 13 and all(c != 0 for c in result.exit_codes)
+    found = _analyze(tmp_path / "crash")
+    assert _named(found) == [("crash", (3,))], [f["summary"] for f in found]
