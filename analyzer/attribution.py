@@ -8,7 +8,8 @@ unlike a rank's own history this tells a persistent straggler's lateness from tr
 The SDK ships per (step, rank, group, op) an aggregate: count, total duration, the last op's
 duration and sequence number, and whether the ops were `overlapped` (run behind compute and
 waited for where the SDK cannot see, as DDP's gradient buckets are). Per (step, group, op) over
-the members that reported the same ops (equal `last_seq` and `count`, at least two members):
+the members that reported the same ops (the `last_seq` and `count` most of them share, at least
+two members):
 
 - not overlapped (each op is waited for as it ends, so the waits add up):
   wait_r = total_r - min_m total_m;
@@ -131,12 +132,16 @@ def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
         _, inv = np.unique(cell, return_inverse=True)
         inv = inv.astype(np.int64)
         groups = int(inv.max()) + 1
-        top = np.full(groups, -1, dtype=np.int64)
-        np.maximum.at(top, inv, c.last_seq)
-        ok = c.last_seq == top[inv]
-        most = np.zeros(groups, dtype=np.int64)
-        np.maximum.at(most, inv[ok], c.count[ok])
-        ok &= c.count == most[inv]
+        # The members that agree on (last_seq, count) with most of their group are compared.
+        combos = np.stack([inv, c.last_seq, c.count], axis=1)
+        kinds, which, sizes = np.unique(combos, axis=0, return_inverse=True, return_counts=True)
+        which = which.reshape(-1)
+        order = np.lexsort((-sizes, kinds[:, 0]))  # per group, its largest agreeing set first
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = kinds[order[1:], 0] != kinds[order[:-1], 0]
+        chosen = np.zeros(kinds.shape[0], dtype=bool)
+        chosen[order[first]] = True
+        ok = chosen[which]
         members = np.bincount(inv[ok], minlength=groups)
         ok &= members[inv] >= 2
         min_total = np.full(groups, np.inf)

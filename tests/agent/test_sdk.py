@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -215,3 +216,35 @@ def test_the_ddp_hook_lets_nccl_average_and_divides_first_elsewhere(
     assert collectives._average_options(gloo).reduceOp == torch.distributed.ReduceOp.SUM
     assert collectives._average_options(unregistered).reduceOp == torch.distributed.ReduceOp.SUM
     assert collectives._average_options(nccl) is collectives._average_options(nccl)  # cached
+
+
+def _last_state(out: Path) -> schema.RankState:
+    beats = [r for r in _records(out) if isinstance(r, schema.Heartbeat)]
+    return beats[-1].state
+
+
+def test_shutdown_during_an_exception_marks_the_rank_failed(dirs: tuple[Path, Path]) -> None:
+    _init(dirs)
+    with pytest.raises(RuntimeError), contextlib.ExitStack() as stack:
+        stack.callback(vigil.agent.shutdown)  # the user's `finally: shutdown()`
+        with vigil.agent.step(0, tokens=1):
+            pass
+        raise RuntimeError("peer gone")
+    assert _last_state(dirs[0]) is schema.RankState.FAILED
+
+
+def test_a_clean_shutdown_marks_the_rank_finished(dirs: tuple[Path, Path]) -> None:
+    _init(dirs)
+    with vigil.agent.step(0, tokens=1):
+        pass
+    vigil.agent.shutdown()
+    assert _last_state(dirs[0]) is schema.RankState.FINISHED
+
+
+def test_with_a_collector_also_jsonl_keeps_a_local_copy(dirs: tuple[Path, Path]) -> None:
+    # Port 9 (discard) on loopback refuses: batches go to the spool, the JSONL copy is written.
+    _init(dirs, collector="http://127.0.0.1:9", also_jsonl=True)
+    with vigil.agent.step(0, tokens=1):
+        pass
+    vigil.agent.shutdown()
+    assert any(isinstance(r, schema.StepRecord) for r in _records(dirs[0]))

@@ -1,0 +1,121 @@
+"""Cross-rank wait attribution and crash findings, on hand-built records with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vigil import schema
+from vigil.analyzer import attribution, config, hangs
+
+
+def _agg(rank: int, total: float, last: float, *, step: int = 0, overlapped: bool = False,
+         group: str = "world", op: str = "all_reduce", count: int = 4, seq: int = 4,
+         ) -> schema.CollectiveAggregate:  # fmt: skip
+    return schema.CollectiveAggregate(
+        job_id="j", rank=rank, step=step, group=group, op=op, count=count,
+        total_device_s=total, last_device_s=last, last_seq=seq, overlapped=overlapped,
+    )  # fmt: skip
+
+
+def _attribute(aggs: list[schema.CollectiveAggregate], ranks: int = 3) -> attribution.Attribution:
+    steps = sorted({a.step for a in aggs})
+    cols = attribution.columns_of(
+        aggs, {s: i for i, s in enumerate(steps)}, {r: r for r in range(ranks)}, {}
+    )
+    return attribution.attribute(cols, (len(steps), ranks))
+
+
+def test_synchronous_waits_add_and_the_last_arrival_waits_nothing() -> None:
+    # Rank 2 arrives last at every op: the others' durations are longer by their waits.
+    got = _attribute([_agg(0, 0.50, 0.1), _agg(1, 0.40, 0.1), _agg(2, 0.10, 0.025)])
+    np.testing.assert_allclose(got.wait_s[0], [0.40, 0.30, 0.0], atol=1e-6)
+    np.testing.assert_allclose(got.hidden_wait_s[0], [0.0, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(got.transfer_s[0], [0.10, 0.10, 0.10], atol=1e-6)
+
+
+def test_overlapped_ops_wait_once_for_the_last() -> None:
+    # DDP's buckets: every bucket of ranks 0 and 1 waited for rank 2, but the training thread
+    # blocks only for the last one; summing the buckets would count the wait four times.
+    got = _attribute(
+        [
+            _agg(0, 0.44, 0.12, overlapped=True),
+            _agg(1, 0.44, 0.12, overlapped=True),
+            _agg(2, 0.04, 0.02, overlapped=True),
+        ]
+    )
+    np.testing.assert_allclose(got.wait_s[0], [0.10, 0.10, 0.0], atol=1e-6)
+    np.testing.assert_allclose(got.hidden_wait_s[0], [0.10, 0.10, 0.0], atol=1e-6)
+    np.testing.assert_allclose(got.transfer_s[0], [0.04, 0.04, 0.04], atol=1e-6)
+
+
+def test_members_that_saw_other_ops_are_not_compared() -> None:
+    # Rank 1's aggregate ended at another sequence number (its step boundary fell elsewhere):
+    # it is left out; a group with a single comparable member attributes nothing.
+    got = _attribute([_agg(0, 0.5, 0.1), _agg(1, 0.1, 0.1, seq=5), _agg(2, 0.2, 0.1)])
+    np.testing.assert_allclose(got.wait_s[0], [0.3, np.nan, 0.0], atol=1e-6)
+    alone = _attribute([_agg(0, 0.5, 0.1)])
+    assert np.isnan(alone.wait_s).all() and np.isnan(alone.transfer_s).all()
+
+
+def test_sends_and_receives_of_a_pair_are_matched() -> None:
+    # Pipeline p2p: the receiver (rank 1) waited for the sender (rank 0).
+    aggs = [
+        _agg(0, 0.01, 0.01, group="world:p2p:0-1", op="isend", count=1, seq=1),
+        _agg(1, 0.21, 0.21, group="world:p2p:0-1", op="irecv", count=1, seq=1),
+    ]
+    got = _attribute(aggs, ranks=2)
+    np.testing.assert_allclose(got.wait_s[0], [0.0, 0.2], atol=1e-6)
+    assert attribution.op_class("isend") == attribution.op_class("recv") == "p2p"
+
+
+def _beat(rank: int, t: float, state: schema.RankState) -> schema.Heartbeat:
+    return schema.Heartbeat(job_id="j", rank=rank, time_s=t, last_step=3, state=state)
+
+
+@pytest.fixture
+def tracker() -> hangs.HangTracker:
+    t = hangs.HangTracker("j", config.HangConfig())
+    for step in range(5):
+        t.observe_step_time(step, 100.0 + step, 1.0)
+    for rank in range(4):
+        t.observe_seq(rank, "world", 5, "all_reduce")
+    return t
+
+
+def test_a_rank_killed_outright_is_the_crash_culprit(tracker: hangs.HangTracker) -> None:
+    for rank in range(4):
+        tracker.observe_heartbeat(_beat(rank, 104.5, schema.RankState.COMPUTE))
+    for rank in (0, 1, 2):  # their collectives broke when rank 3 vanished
+        tracker.observe_heartbeat(_beat(rank, 105.2, schema.RankState.FAILED))
+    assert tracker.check(105.5) is None  # the peers' last words may still be arriving
+    crash = tracker.check(107.5)
+    assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [3]
+    assert tracker.check(200.0) is None  # a crashed job is not also reported hung
+
+
+def test_the_first_rank_to_fail_is_the_culprit_when_all_said_failed(
+    tracker: hangs.HangTracker,
+) -> None:
+    tracker.observe_heartbeat(_beat(2, 105.0, schema.RankState.FAILED))
+    for rank in (0, 1, 3):
+        tracker.observe_heartbeat(_beat(rank, 105.3, schema.RankState.FAILED))
+    crash = tracker.check(105.3, final=True)
+    assert crash is not None and crash.subjects.ranks == [2]
+
+
+def test_a_silent_rank_among_beating_peers_is_a_crash_not_a_hang(
+    tracker: hangs.HangTracker,
+) -> None:
+    tracker.observe_heartbeat(_beat(1, 104.0, schema.RankState.COMPUTE))
+    for rank in (0, 2, 3):  # alive, waiting for rank 1
+        tracker.observe_heartbeat(_beat(rank, 109.5, schema.RankState.IN_COLLECTIVE))
+    crash = tracker.check(110.0)
+    assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [1]
+
+
+def test_ranks_that_all_keep_beating_are_not_crashed(tracker: hangs.HangTracker) -> None:
+    for rank in range(4):
+        tracker.observe_heartbeat(_beat(rank, 109.5, schema.RankState.COMPUTE))
+    finding = tracker.check(110.0)
+    assert finding is None or finding.kind == "hang"
