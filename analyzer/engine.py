@@ -47,6 +47,7 @@ def replay_hang(
     at `now_s`: a hang the job came out of is found too. Returns each hang finding once, in
     its final state."""
     tracker = hangs.HangTracker(a.job_id, cfg)
+    tracker.expect_ranks(a.ranks.tolist())
     with np.errstate(all="ignore"):
         step_time = np.nanmedian(a.step_time_s, axis=1)
     step_end = {int(s): float(e) for s, e in zip(a.steps, a.step_end_s, strict=True)}

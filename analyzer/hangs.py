@@ -243,6 +243,11 @@ class HangTracker:
         self._failed.clear()
         self._crash = None
 
+    def expect_ranks(self, ranks: Iterable[int]) -> None:
+        """The job's ranks (from its declared world size): one that dies before it sends
+        anything is still known, and silent."""
+        self._ranks.update(int(r) for r in ranks)
+
     def observe_seq(self, rank: int, group: str, seq: int, op: str, *, now: bool = False) -> None:
         """The last sequence number `rank` entered in `group` (e.g. from a collective aggregate);
         `now`: the rank's current position (a heartbeat), which wins even if lower (a restarted

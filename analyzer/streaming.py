@@ -108,6 +108,7 @@ class _JobStream:
             self.job_done = r.state in (schema.JobState.COMPLETED, schema.JobState.FAILED)
             for rank in range(r.world_size):
                 self.window.column(rank)
+            self.hang.expect_ranks(range(r.world_size))
         elif isinstance(r, schema.RankInfo):
             self.window.set_node(r.rank, r.node, r.device_uuid)
         elif isinstance(r, schema.Sample) and r.rank >= 0:

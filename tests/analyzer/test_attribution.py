@@ -119,3 +119,15 @@ def test_ranks_that_all_keep_beating_are_not_crashed(tracker: hangs.HangTracker)
         tracker.observe_heartbeat(_beat(rank, 109.5, schema.RankState.COMPUTE))
     finding = tracker.check(110.0)
     assert finding is None or finding.kind == "hang"
+
+
+def test_a_rank_that_died_before_sending_anything_is_the_culprit() -> None:
+    t = hangs.HangTracker("j", config.HangConfig())
+    t.expect_ranks(range(4))  # the job's declared world size
+    for rank in (0, 1, 2):
+        t.observe_heartbeat(_beat(rank, 100.0, schema.RankState.COMPUTE))
+    t.observe_heartbeat(_beat(1, 101.0, schema.RankState.FAILED))
+    t.observe_heartbeat(_beat(2, 101.1, schema.RankState.FAILED))
+    t.observe_heartbeat(_beat(0, 102.0, schema.RankState.IN_COLLECTIVE))  # still waiting
+    crash = t.check(103.5)
+    assert crash is not None and crash.subjects.ranks == [3]
