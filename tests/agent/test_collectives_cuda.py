@@ -246,7 +246,8 @@ def test_ddp_hook_on_a_future_that_completes_at_enqueue(
     assert torch.equal(tensor, torch.full((256,), 0.5))  # divided for the average (a SUM op)
     aggs, _, _ = recorder.swap()
     ((site, agg),) = aggs.items()
-    assert (site.group, site.op, agg.count, agg.last_seq) == ("dp:7", "all_reduce", 1, 1)
+    assert (site.group, site.op, agg.count, agg.last_seq) == ("dp:7", "ddp_all_reduce", 1, 1)
+    assert site.overlapped and agg.last_s == pytest.approx(0.75)
     assert agg.total_s == pytest.approx(0.75)
     assert len(device.events) == start_events + 2
 

@@ -58,14 +58,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_ddp_gradient_allreduce_is_timed_through_the_comm_hook(run: Run) -> None:
     for rank in range(WORLD):
         aggs = run.aggs(rank, range(0, 3))
-        assert [(a.step, a.group, a.op) for a in aggs] == [
-            (0, "world", "all_reduce"),
-            (1, "world", "all_reduce"),
-            (2, "world", "all_reduce"),
+        # DDP's buckets are their own op, overlapped: DDP waits for them inside C++.
+        assert [(a.step, a.group, a.op, a.overlapped) for a in aggs] == [
+            (0, "world", "ddp_all_reduce", True),
+            (1, "world", "ddp_all_reduce", True),
+            (2, "world", "ddp_all_reduce", True),
         ]
         assert all(a.bytes == PARAM_BYTES and a.count == 1 for a in aggs)
         assert [a.last_seq for a in aggs] == [1, 2, 3]
         assert all(a.total_device_s > 0 for a in aggs)
+        assert all(a.last_device_s == a.total_device_s for a in aggs)  # one bucket each
 
 
 def test_fsdp2_all_gathers_and_reduce_scatters_are_recorded(run: Run) -> None:
