@@ -221,6 +221,7 @@ class Session:
                 pid=os.getpid(),
                 pod=cfg.pod,
                 device_uuid=_device_uuid(),
+                world_size=cfg.world_size,
             )
         )
         if cfg.rank == 0:

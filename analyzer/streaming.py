@@ -106,11 +106,10 @@ class _JobStream:
             self.window.peak_flops = r.peak_flops
             self.window.stages = arrays_mod.stages_for_layout(r.layout, r.world_size)
             self.job_done = r.state in (schema.JobState.COMPLETED, schema.JobState.FAILED)
-            for rank in range(r.world_size):
-                self.window.column(rank)
-            self.hang.expect_ranks(range(r.world_size))
+            self._expect(r.world_size)
         elif isinstance(r, schema.RankInfo):
             self.window.set_node(r.rank, r.node, r.device_uuid)
+            self._expect(r.world_size)
         elif isinstance(r, schema.Sample) and r.rank >= 0:
             self.window.add_sample(r.rank, r.time_s, r.metric, r.value)
         elif (
@@ -119,6 +118,14 @@ class _JobStream:
             and r.state is schema.ActionState.RUNNING
         ):
             self.hang.restarting(r.start_s)
+
+    def _expect(self, world_size: int) -> None:
+        """Wait for `world_size` ranks: a step is not analysed before the ranks whose batches
+        have not arrived yet report it (or the others move on without them)."""
+        if world_size > self.window.num_ranks:
+            for rank in range(world_size):
+                self.window.column(rank)
+            self.hang.expect_ranks(range(world_size))
 
     # --- analysis ----------------------------------------------------------------------
     def _ready(self, step: int, quorum: int, force_upto: int) -> bool:

@@ -68,6 +68,7 @@ ranks = Table(
     Column("device_uuid", Text, nullable=False),
     Column("pid", BigInteger, nullable=False),
     Column("pod", Text, nullable=False),
+    Column("world_size", BigInteger, nullable=False, server_default="0"),
 )
 
 # Keyed (job, step, rank): a step re-run after a restart replaces the earlier attempt.

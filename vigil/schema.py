@@ -141,6 +141,9 @@ class RankInfo(_Record, tag="rank", kw_only=True):
     device_uuid: str = ""
     pid: NonNegInt = 0
     pod: str = ""
+    # The job's world size as this rank sees it (0: unknown, older senders): every rank sends
+    # it, so a streaming analyzer knows how many ranks to wait for before rank 0's Job arrives.
+    world_size: NonNegInt = 0
 
 
 class StepRecord(_Record, tag="step", kw_only=True):
