@@ -18,7 +18,7 @@ all-reduces its gradients itself with dist.all_reduce). A case is a JSON object:
 fault kinds: slow (rank, factor, where = forward | backward | optimizer | data, from_step,
 every, ramp; forward: before the forward pass, in a pipeline a slow forward layer), hang (rank,
 step, seconds, where = before | collective | data | checkpoint), crash (rank, step).
-noise kinds: jitter (share), hiccup (count, factor), cpu_hog.
+noise kinds: jitter (share), hiccup (count, factor), cpu_hog (a busy process on every core).
 """
 
 from __future__ import annotations
@@ -264,9 +264,14 @@ def run_case(
         progress_dir=args.progress_dir,
     )
     vigil.agent.watch(job.model, job.opt)
-    hog = None
+    hogs = []
     if case.noise.get("kind") == "cpu_hog" and rank == 0:
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        # Background load on the whole node: one busy process bound to each core, so every
+        # rank competes with it alike. (One unbound hog started here lands on rank 0's core
+        # and stays there: rank 0 then really is a straggler, and vigil says so.)
+        for cpu in sorted(os.sched_getaffinity(0)):
+            code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+            hogs.append(subprocess.Popen([sys.executable, "-c", code]))
     times: list[float] = []
     try:
         for step in range(int(spec["steps"])):
@@ -310,7 +315,7 @@ def run_case(
             if step == WARMUP - 1:
                 case.base_s = _agreed_median(times)
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
             hog.wait()
         vigil.agent.shutdown()
