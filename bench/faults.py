@@ -11,8 +11,13 @@ dist.all_reduce) x faults injected by the job itself:
   - data-loader stalls (inside `span("data")`, kind data_stall) at 1.25x and 2x;
   - hangs of 8 s: before a collective, inside a collective no peer joins, in data loading and
     in a checkpoint save; a crash (os._exit);
-  - clean jobs: ±15 % per-step jitter, one-off hiccups, a CPU-burning background process,
-    `--seeds` seeds each.
+  - a noisy neighbour: busy processes in rank 2's session (the kernel's autogroup scheduling
+    then gives them rank 2's share of the CPU);
+  - clean jobs: ±15 % per-step jitter, one-off hiccups, a busy process on every core (in
+    sessions of their own), `--seeds` seeds each;
+  - a real slow link (wrapper fsdp_tp: TP within pairs of ranks, FSDP2 across them): rank 3 in
+    a network namespace of its own, behind a veth pair that `tc tbf` limits, on a node of its
+    own; the same job clean, through the same veth without the limit on rank 3's side.
 Cases run one after another in one launch per wrapper (a crash in its own launch). Every rank
 ships to a real `vigil collector` (SQLite, its streaming analyzer on) and keeps a JSONL copy;
 every case is analysed offline (`vigil analyze --json`, a subprocess, as a user runs it) and
@@ -51,9 +56,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.realjobs import launch as launcher  # noqa: E402
-from tests.realjobs import train  # noqa: E402
+from tests.realjobs import netns, train  # noqa: E402
 
-WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain")
+WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain", "fsdp_tp")
 FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
 STEPS = 40
 HANG_S = 8.0
@@ -64,6 +69,7 @@ ACCEPT = {
     "data_stall": {"data_stall", "mfu_drop"},
     "hang": {"hang"},
     "crash": {"crash", "hang"},
+    "slow_link": {"slow_link"},
 }
 
 
@@ -113,6 +119,14 @@ def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[S
     for factor in (1.25,) if quick else (1.25, 2.0):
         add(f"data{factor}", "data_stall", 1, f"data stall {factor}x",
             kind="slow", rank=1, factor=factor, where="data")  # fmt: skip
+    if not quick:  # busy processes in one rank's session: they take its CPU share
+        case = {
+            "job": f"{wrapper}-neighbour",
+            "steps": STEPS,
+            "seed": 77,
+            "noise": {"kind": "cpu_hog", "host_rank": 2, "shared": True},
+        }
+        out.append(Spec(wrapper, "neighbour", "straggler", 2, 0, "noisy neighbour", case))
     hang_step = FAULT_STEP + 6
     for where in ("before",) if quick else ("before", "collective", "data", "checkpoint"):
         add(f"hang-{where}", "hang", 1, f"hang {where}", steps=hang_step + 6,
@@ -127,6 +141,52 @@ def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[S
                  {"job": f"{wrapper}-crash", "steps": STEPS, "seed": 99,
                   "fault": {"kind": "crash", "rank": 3, "step": FAULT_STEP + 4}})  # fmt: skip
     return out, [] if quick else [crash]
+
+
+SLOW_RANK = 3
+
+
+def run_slow_link(collector: Collector, work: Path, seeds: int) -> list[Spec]:
+    """A 2-D job (TP within pairs, FSDP2 across) clean, then with rank 3 behind a veth pair
+    that `tc tbf` limits, in a network namespace of its own (on a node of its own: a slow NIC)."""
+    if not netns.available():
+        print("slow link: needs root, iproute2 and network namespaces; skipped")
+        return []
+    clean = [
+        Spec("fsdp_tp", f"clean-jitter-{seed}", "clean", group="clean jitter",
+             case={"job": f"fsdp_tp-clean-jitter-{seed}", "steps": STEPS, "seed": 200 + seed,
+                   "noise": {"kind": "jitter", "share": 0.15}})
+        for seed in range(1, seeds + 1)
+    ]  # fmt: skip
+    slow = [
+        Spec("fsdp_tp", f"slow-link-{seed}", "slow_link", SLOW_RANK, 0, "slow link (tbf)",
+             {"job": f"fsdp_tp-slow-link-{seed}", "steps": STEPS, "seed": 300 + seed})
+        for seed in range(1, seeds + 1)
+    ]  # fmt: skip
+    out: list[Spec] = []
+    with netns.slow_link(LINK_RATE) as link:
+        nodes = {r: {"VIGIL_NODE": "host-a"} for r in range(4)}
+        outside = {**nodes[0], "GLOO_SOCKET_IFNAME": link.outside_dev}
+        for batch, limited in ((clean, False), (slow, True)):
+            env = {r: dict(outside) for r in range(4)}
+            prefix: dict[int, list[str]] = {}
+            if limited:
+                env[SLOW_RANK] = {"VIGIL_NODE": "host-b", "GLOO_SOCKET_IFNAME": link.inside_dev}
+                prefix[SLOW_RANK] = link.prefix
+            result = launcher.launch(
+                "fsdp_tp", [s.case for s in batch], work / "out", collector=collector.url,
+                progress_dir=work / "pages", timeout_s=900, rank_env=env, rank_prefix=prefix,
+                master_addr=link.outside_addr,
+            )  # fmt: skip
+            if max(result.exit_codes):
+                print(f"fsdp_tp: launch exit codes {result.exit_codes}; see {result.logs}")
+            print(f"fsdp_tp: {len(batch)} case(s) in {result.seconds:.0f} s", flush=True)
+            out.extend(batch)
+    return out
+
+
+# A link a tenth of loopback's speed and less: the 2-D job's activations cross it every layer.
+LINK_RATE = "200mbit"
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -295,6 +355,9 @@ def main() -> None:
     try:
         for wrapper in wrappers:
             grouped, alone = specs_for(wrapper, args.seeds, args.quick)
+            if wrapper == "fsdp_tp":
+                specs.extend(run_slow_link(collector, work, args.seeds))
+                continue
             for batch in [grouped, *([c] for c in alone)]:
                 result = launcher.launch(
                     wrapper, [s.case for s in batch], work / "out", collector=collector.url,

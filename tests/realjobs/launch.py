@@ -44,7 +44,12 @@ def launch(
     timeout_s: float = 600.0,
     progress_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
+    rank_prefix: dict[int, list[str]] | None = None,
+    master_addr: str = "127.0.0.1",
 ) -> Launch:
+    """`rank_env` / `rank_prefix`: per-rank extra environment and a command prefix (e.g.
+    `ip netns exec NS` for a rank behind a slow link)."""
     out.mkdir(parents=True, exist_ok=True)
     logs = out / f"launch-{wrapper}-{time.monotonic_ns()}"
     logs.mkdir()
@@ -54,17 +59,19 @@ def launch(
     procs = []
     started = time.monotonic()
     for rank in range(nproc):
-        rank_env = {
+        environ = {
             **os.environ,
             **(env or {}),
+            **(rank_env or {}).get(rank, {}),
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
         }
-        cmd = [sys.executable, str(TRAIN), "--wrapper", wrapper, "--cases", str(spec)]
+        cmd = [*(rank_prefix or {}).get(rank, [])]
+        cmd += [sys.executable, str(TRAIN), "--wrapper", wrapper, "--cases", str(spec)]
         cmd += ["--out", str(out)]
         if collector:
             cmd += ["--collector", collector]
@@ -73,7 +80,7 @@ def launch(
         with open(logs / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             )
     deadline = started + timeout_s

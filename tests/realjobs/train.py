@@ -13,12 +13,14 @@ MASTER_ADDR, MASTER_PORT in the environment):
 
 Wrappers: ddp (DistributedDataParallel, its all-reduce inside C++), fsdp (FSDP2 fully_shard),
 tp (DTensor tensor parallelism), pp (torch.distributed.pipelining, 1F1B), plain (a loop that
-all-reduces its gradients itself with dist.all_reduce). A case is a JSON object:
+all-reduces its gradients itself with dist.all_reduce), fsdp_tp (tensor parallel within pairs
+of ranks, FSDP2 across them: a 2-D mesh). A case is a JSON object:
     {"job": NAME, "steps": N, "fault": {...} | null, "noise": {...} | null, "seed": S}
 fault kinds: slow (rank, factor, where = forward | backward | optimizer | data, from_step,
 every, ramp; forward: before the forward pass, in a pipeline a slow forward layer), hang (rank,
 step, seconds, where = before | collective | data | checkpoint), crash (rank, step).
-noise kinds: jitter (share), hiccup (count, factor), cpu_hog (a busy process on every core).
+noise kinds: jitter (share), hiccup (count, factor), cpu_hog (a busy process on every core;
+host_rank starts them; shared: in its session, a noisy neighbour that slows that rank).
 """
 
 from __future__ import annotations
@@ -142,6 +144,24 @@ class Job:
                     plan[f"blocks.{i}.up"] = ColwiseParallel()
                     plan[f"blocks.{i}.down"] = RowwiseParallel()
                 self.model = parallelize_module(net, mesh, plan)
+            elif wrapper == "fsdp_tp":  # 2-D: tensor parallel inside, FSDP2 across (torchtitan)
+                from torch.distributed.device_mesh import init_device_mesh
+                from torch.distributed.fsdp import fully_shard
+                from torch.distributed.tensor.parallel import (
+                    ColwiseParallel,
+                    RowwiseParallel,
+                    parallelize_module,
+                )
+
+                mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+                plan = {}
+                for i in range(len(net.blocks)):
+                    plan[f"blocks.{i}.up"] = ColwiseParallel()
+                    plan[f"blocks.{i}.down"] = RowwiseParallel()
+                parallelize_module(net, mesh["tp"], plan)
+                for block in net.blocks:
+                    fully_shard(block, mesh=mesh["dp"])
+                self.model = fully_shard(net, mesh=mesh["dp"])
             elif wrapper == "plain":
                 self.model = net
             else:
@@ -168,6 +188,8 @@ class Job:
 
     def rank_for_data(self) -> int:
         # Tensor- and pipeline-parallel ranks see the same batch; data-parallel ones their own.
+        if self.wrapper == "fsdp_tp":
+            return self.rank // 2  # the data-parallel coordinate
         return 0 if self.wrapper in ("tp", "pp") else self.rank
 
     def forward_backward(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -265,13 +287,15 @@ def run_case(
     )
     vigil.agent.watch(job.model, job.opt)
     hogs = []
-    if case.noise.get("kind") == "cpu_hog" and rank == 0:
-        # Background load on the whole node: one busy process bound to each core, so every
-        # rank competes with it alike. (One unbound hog started here lands on rank 0's core
-        # and stays there: rank 0 then really is a straggler, and vigil says so.)
+    if case.noise.get("kind") == "cpu_hog" and rank == int(case.noise.get("host_rank", 0)):
+        # Background load on the whole node: one busy process bound to each core, each in a
+        # session of its own, so every rank competes with it alike. (Left in this rank's
+        # session, the kernel's autogroup scheduling makes the hogs share this rank's CPU
+        # share: it then really is a straggler, 2.5x slower, and vigil says so.)
         for cpu in sorted(os.sched_getaffinity(0)):
             code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
-            hogs.append(subprocess.Popen([sys.executable, "-c", code]))
+            alone = not case.noise.get("shared", False)  # shared: a noisy neighbour of this rank
+            hogs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=alone))
     times: list[float] = []
     try:
         for step in range(int(spec["steps"])):
