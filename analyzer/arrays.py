@@ -58,6 +58,10 @@ class StepArrays:
     throttled: F32 | None = None  # 1 where a harmful NVML throttle reason was active
     # Time waiting in collectives for the last arrival, attributed across ranks; None unknown.
     wait_s: F32 | None = None
+    # The collective aggregates behind the attributed fields (rows and columns index these
+    # arrays) and the (group, op class) each `key` stands for: the slow-link detector reads them.
+    aggs: attribution.AggColumns | None = None
+    agg_keys: tuple[tuple[str, str], ...] = ()
     _compute: F32 | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -202,15 +206,14 @@ def _assemble(
     stages = None
     if job is not None and rank_ids.size == job.world_size:
         stages = stages_for_layout(job.layout, job.world_size)
-    attributed = attribution.attribute(
-        attribution.columns_of(
-            aggs,
-            {int(x): i for i, x in enumerate(step_ids)},
-            {int(x): i for i, x in enumerate(rank_ids)},
-            {},
-        ),
-        shape,
+    keys: dict[tuple[str, str], int] = {}
+    agg_cols = attribution.columns_of(
+        aggs,
+        {int(x): i for i, x in enumerate(step_ids)},
+        {int(x): i for i, x in enumerate(rank_ids)},
+        keys,
     )
+    attributed = attribution.attribute(agg_cols, shape)
     arrays = StepArrays(
         job_id=job_id,
         steps=step_ids,
@@ -220,6 +223,8 @@ def _assemble(
         comm_wait_s=scatter(raw[:, 5]) + np.nan_to_num(attributed.hidden_wait_s),
         transfer_s=attributed.transfer_s,
         wait_s=attributed.wait_s,
+        aggs=agg_cols,
+        agg_keys=tuple(sorted(keys, key=keys.__getitem__)),
         tokens=scatter(raw[:, 6]),
         mfu=scatter(mfu),
         step_start_s=start,

@@ -70,14 +70,24 @@ class AggColumns:
     total_s: F64
     last_s: F64
     overlapped: npt.NDArray[np.bool_]
+    nbytes: I64  # bytes moved per op (the aggregate's bytes over its count)
 
     @classmethod
     def empty(cls) -> AggColumns:
         i, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         return cls(
             row=i, col=i, key=i, count=i, last_seq=i, total_s=f, last_s=f,
-            overlapped=np.zeros(0, dtype=bool),
+            overlapped=np.zeros(0, dtype=bool), nbytes=i,
         )  # fmt: skip
+
+    def take(self, mask: npt.NDArray[np.bool_]) -> AggColumns:
+        return AggColumns(**{name: getattr(self, name)[mask] for name in _FIELDS})
+
+    @classmethod
+    def concat(cls, parts: Sequence[AggColumns]) -> AggColumns:
+        if not parts:
+            return cls.empty()
+        return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in _FIELDS})
 
     def __len__(self) -> int:
         return int(self.row.size)
@@ -110,7 +120,13 @@ def columns_of(
         total_s=np.fromiter((a.total_device_s for a in picked), np.float64, len(picked)),
         last_s=np.fromiter((_last(a) for a in picked), np.float64, len(picked)),
         overlapped=np.fromiter((a.overlapped for a in picked), bool, len(picked)),
+        nbytes=np.fromiter((a.bytes // max(a.count, 1) for a in picked), np.int64, len(picked)),
     )
+
+
+_FIELDS = (
+    "row", "col", "key", "count", "last_seq", "total_s", "last_s", "overlapped", "nbytes",
+)  # fmt: skip
 
 
 def _last(a: schema.CollectiveAggregate) -> float:
@@ -120,6 +136,30 @@ def _last(a: schema.CollectiveAggregate) -> float:
     return a.total_device_s
 
 
+def comparable(c: AggColumns) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], int]:
+    """Per aggregate: the index of its (row, key) cell, whether it is compared within that cell
+    (it agrees with most members on `last_seq` and `count`, and at least two do), and the
+    number of cells."""
+    if not len(c):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0
+    num_keys = int(c.key.max()) + 1
+    _, inv = np.unique(c.row * num_keys + c.key, return_inverse=True)
+    inv = inv.astype(np.int64).reshape(-1)
+    groups = int(inv.max()) + 1
+    combos = np.stack([inv, c.last_seq, c.count], axis=1)
+    kinds, which, sizes = np.unique(combos, axis=0, return_inverse=True, return_counts=True)
+    which = which.reshape(-1)
+    order = np.lexsort((-sizes, kinds[:, 0]))  # per cell, its largest agreeing set first
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = kinds[order[1:], 0] != kinds[order[:-1], 0]
+    chosen = np.zeros(kinds.shape[0], dtype=bool)
+    chosen[order[first]] = True
+    ok = chosen[which]
+    members = np.bincount(inv[ok], minlength=groups)
+    ok &= members[inv] >= 2
+    return inv, ok, groups
+
+
 def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
     """Attribute waits and transfer time over a [steps, ranks] grid; see the module docstring."""
     wait = np.zeros(shape, dtype=np.float64)
@@ -127,23 +167,7 @@ def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
     transfer = np.zeros(shape, dtype=np.float64)
     seen = np.zeros(shape, dtype=bool)
     if len(c):
-        num_keys = int(c.key.max()) + 1
-        cell = c.row * num_keys + c.key
-        _, inv = np.unique(cell, return_inverse=True)
-        inv = inv.astype(np.int64)
-        groups = int(inv.max()) + 1
-        # The members that agree on (last_seq, count) with most of their group are compared.
-        combos = np.stack([inv, c.last_seq, c.count], axis=1)
-        kinds, which, sizes = np.unique(combos, axis=0, return_inverse=True, return_counts=True)
-        which = which.reshape(-1)
-        order = np.lexsort((-sizes, kinds[:, 0]))  # per group, its largest agreeing set first
-        first = np.ones(order.size, dtype=bool)
-        first[1:] = kinds[order[1:], 0] != kinds[order[:-1], 0]
-        chosen = np.zeros(kinds.shape[0], dtype=bool)
-        chosen[order[first]] = True
-        ok = chosen[which]
-        members = np.bincount(inv[ok], minlength=groups)
-        ok &= members[inv] >= 2
+        inv, ok, groups = comparable(c)
         min_total = np.full(groups, np.inf)
         min_last = np.full(groups, np.inf)
         np.minimum.at(min_total, inv[ok], c.total_s[ok])
@@ -164,3 +188,39 @@ def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
         return result
 
     return Attribution(wait_s=out(wait), hidden_wait_s=out(hidden), transfer_s=out(transfer))
+
+
+@dataclass(kw_only=True)
+class GroupTransfer:
+    """Per (row, key) cell with comparable members: its transfer time (the shortest member's
+    total), bytes per op and member columns."""
+
+    row: I64
+    key: I64
+    transfer_s: F64
+    nbytes: I64
+    members: list[tuple[int, ...]]
+
+
+def group_transfer(c: AggColumns) -> GroupTransfer:
+    inv, ok, groups = comparable(c)
+    if not ok.any():
+        i = np.zeros(0, dtype=np.int64)
+        return GroupTransfer(row=i, key=i, transfer_s=np.zeros(0), nbytes=i, members=[])
+    cells = np.unique(inv[ok])
+    index = np.full(groups, -1, dtype=np.int64)
+    index[cells] = np.arange(cells.size)
+    at = index[inv[ok]]
+    transfer = np.full(cells.size, np.inf)
+    np.minimum.at(transfer, at, c.total_s[ok])
+    row = np.zeros(cells.size, dtype=np.int64)
+    key = np.zeros(cells.size, dtype=np.int64)
+    nbytes = np.zeros(cells.size, dtype=np.int64)
+    row[at], key[at], nbytes[at] = c.row[ok], c.key[ok], c.nbytes[ok]
+    members: list[list[int]] = [[] for _ in range(cells.size)]
+    for cell, col in zip(at.tolist(), c.col[ok].tolist(), strict=True):
+        members[cell].append(col)
+    return GroupTransfer(
+        row=row, key=key, transfer_s=transfer, nbytes=nbytes,
+        members=[tuple(sorted(m)) for m in members],
+    )  # fmt: skip

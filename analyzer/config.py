@@ -45,6 +45,10 @@ class StragglerConfig:
     min_data_share: float = 0.05
     # A slow link is reported when its outlier ranks cover at least this share of a node's ranks.
     node_coverage: float = 0.5
+    # ... or when a process group moves its bytes this many times slower than the median of its
+    # peer groups (links.py): shared links and jitter move groups alike; 1.5x is a broken
+    # link, a congested switch port or a NIC at a fraction of its rate.
+    link_ratio: float = 1.5
 
     def __post_init__(self) -> None:
         _require(self.z_threshold > 0, f"z_threshold must be > 0, got {self.z_threshold}")
@@ -58,6 +62,7 @@ class StragglerConfig:
         _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
         _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
         _require(0 < self.node_coverage <= 1, "node_coverage must be in (0, 1]")
+        _require(self.link_ratio > 1, f"link_ratio must be > 1, got {self.link_ratio}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ import numpy as np
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import hangs, imbalance, mfu, stragglers
+from vigil.analyzer import hangs, imbalance, links, mfu, stragglers
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ def analyze_arrays(
     """Stragglers, stalls, links, imbalance and MFU drops of one job's completed steps."""
     cfg = cfg or config_mod.AnalyzerConfig()
     out = stragglers.detect(a, cfg.straggler)
+    out.extend(links.detect(a, cfg.straggler))
     out.extend(imbalance.stage_findings(a, cfg.straggler))
     seqlen = imbalance.seqlen_finding(a)
     if seqlen is not None:

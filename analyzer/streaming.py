@@ -25,7 +25,7 @@ import numpy as np
 from vigil import columns, schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import hangs, imbalance, mfu, robust, stragglers
+from vigil.analyzer import hangs, imbalance, links, mfu, robust, stragglers
 from vigil.analyzer import window as window_mod
 
 log = logging.getLogger(__name__)
@@ -275,6 +275,7 @@ class _JobStream:
         a = self.window.view(self.analysed)
         out = []
         found = imbalance.stage_findings(a, self.cfg.straggler)
+        found.extend(links.detect(a, self.cfg.straggler))
         seqlen = imbalance.seqlen_finding(a)
         for finding in [*found, *([seqlen] if seqlen else [])]:
             key = _key(finding)

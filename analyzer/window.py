@@ -250,6 +250,12 @@ class StepWindow:
         clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
         ids = np.asarray(self._rank_ids, dtype=np.int64)
+        parts = []
+        for i, step in enumerate(steps):
+            for chunk in self._aggs.get(step % self.capacity, []):
+                part = chunk.take(chunk.col < n)
+                part.row = np.full_like(part.row, i)
+                parts.append(part)
         stages = None
         if self.stages is not None and n and int(ids.max()) < self.stages.size:
             stages = self.stages[ids]
@@ -262,6 +268,8 @@ class StepWindow:
             comm_wait_s=d["comm_wait_s"] + np.nan_to_num(d["hidden_wait_s"]),
             transfer_s=d["transfer_s"],
             wait_s=d["wait_s"],
+            aggs=attribution.AggColumns.concat(parts),
+            agg_keys=tuple(sorted(self._keys, key=self._keys.__getitem__)),
             tokens=d["tokens"],
             mfu=d["mfu"],
             step_start_s=self.start_s[rows],

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -82,6 +83,7 @@ class Spec:
     onset: int = FAULT_STEP
     group: str = ""  # what the case is counted under (e.g. "straggler 1.25x backward")
     case: dict[str, Any] = field(default_factory=dict)
+    online: list[dict[str, Any]] | None = None  # fetched early (the slow link's collector)
 
     @property
     def job(self) -> str:
@@ -146,7 +148,7 @@ def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[S
 SLOW_RANK = 3
 
 
-def run_slow_link(collector: Collector, work: Path, seeds: int) -> list[Spec]:
+def run_slow_link(work: Path, seeds: int) -> list[Spec]:
     """A 2-D job (TP within pairs, FSDP2 across) clean, then with rank 3 behind a veth pair
     that `tc tbf` limits, in a network namespace of its own (on a node of its own: a slow NIC)."""
     if not netns.available():
@@ -165,13 +167,17 @@ def run_slow_link(collector: Collector, work: Path, seeds: int) -> list[Spec]:
     ]  # fmt: skip
     out: list[Spec] = []
     with netns.slow_link(LINK_RATE) as link:
-        nodes = {r: {"VIGIL_NODE": "host-a"} for r in range(4)}
-        outside = {**nodes[0], "GLOO_SOCKET_IFNAME": link.outside_dev}
+        # Its own collector, on this side of the link: the rank inside reaches only that address.
+        token = secrets.token_hex(16)
+        collector = Collector(work / "link-collector", host=link.outside_addr, token=token)
+        outside = {"VIGIL_NODE": "host-a", "GLOO_SOCKET_IFNAME": link.outside_dev}
+        outside["VIGIL_TOKEN"] = token
         for batch, limited in ((clean, False), (slow, True)):
             env = {r: dict(outside) for r in range(4)}
             prefix: dict[int, list[str]] = {}
             if limited:
-                env[SLOW_RANK] = {"VIGIL_NODE": "host-b", "GLOO_SOCKET_IFNAME": link.inside_dev}
+                env[SLOW_RANK] = {**outside, "VIGIL_NODE": "host-b"}
+                env[SLOW_RANK]["GLOO_SOCKET_IFNAME"] = link.inside_dev
                 prefix[SLOW_RANK] = link.prefix
             result = launcher.launch(
                 "fsdp_tp", [s.case for s in batch], work / "out", collector=collector.url,
@@ -182,6 +188,10 @@ def run_slow_link(collector: Collector, work: Path, seeds: int) -> list[Spec]:
                 print(f"fsdp_tp: launch exit codes {result.exit_codes}; see {result.logs}")
             print(f"fsdp_tp: {len(batch)} case(s) in {result.seconds:.0f} s", flush=True)
             out.extend(batch)
+        time.sleep(3.0)  # the last flushes and the analyzer's queue
+        for spec in out:
+            spec.online = online_findings(collector, spec.job)
+        collector.stop()
     return out
 
 
@@ -193,13 +203,18 @@ LINK_RATE = "200mbit"
 class Collector:
     """A real `vigil collector` on loopback with SQLite and its streaming analyzer."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, host: str = "127.0.0.1", token: str | None = None) -> None:
         self.port = launcher.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
+        self.token = token
+        work.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "VIGIL_DATA_DIR": str(work / "collector")}
+        env.pop("VIGIL_TOKEN", None)
+        if token:  # off loopback the collector needs one (our own veth address, no further)
+            env["VIGIL_TOKEN"] = token
         self.log = open(work / "collector.log", "wb")  # noqa: SIM115
         store = f"sqlite:///{work / 'collector.sqlite3'}"
-        cmd = [sys.executable, "-m", "vigil", "collector", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "vigil", "collector", "--host", host, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, "--store", store],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -214,7 +229,10 @@ class Collector:
         raise RuntimeError(f"collector did not start; see {work / 'collector.log'}")
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+        request = urllib.request.Request(self.url + path)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=10) as r:
             return json.loads(r.read())
 
     def stop(self) -> None:
@@ -286,16 +304,11 @@ def score(
     if spec.kind == "clean":
         return s
     naming = [f for f in unique if spec.rank in f["subjects"].get("ranks", [])]
-    s.correct = sum(
-        1
-        for f in naming
-        if f["kind"] in ACCEPT[spec.kind] and f["subjects"]["ranks"] == [spec.rank]
-    )
+    s.correct = sum(1 for f in naming if f["kind"] in ACCEPT[spec.kind] and _names(spec, f))
     if not naming:
         return s
     s.detected = True
-    first = unique[0]
-    s.culprit_ok = first["subjects"].get("ranks", []) == [spec.rank]
+    s.culprit_ok = _names(spec, unique[0])
     s.kind_ok = naming[0]["kind"] == spec.kind
     detected = float(naming[0].get("detected_s") or 0.0)
     if detected and onset_s == onset_s:
@@ -305,6 +318,16 @@ def score(
         last = max((step for step, _ in ends), default=spec.onset)
         s.latency_steps = max(0, (min(ended) if ended else last) - spec.onset)
     return s
+
+
+def _names(spec: Spec, finding: dict[str, Any]) -> bool:
+    """Whether the finding names the culprit alone (a slow link: the two ends of the link, the
+    culprit's node among them)."""
+    ranks = finding["subjects"].get("ranks", [])
+    if spec.kind == "slow_link":
+        nodes = finding["subjects"].get("nodes", [])
+        return spec.rank in ranks and len(ranks) <= 2 and "host-b" in nodes
+    return bool(ranks == [spec.rank])
 
 
 def summarise(scores: list[Score]) -> dict[str, Any]:
@@ -356,7 +379,7 @@ def main() -> None:
         for wrapper in wrappers:
             grouped, alone = specs_for(wrapper, args.seeds, args.quick)
             if wrapper == "fsdp_tp":
-                specs.extend(run_slow_link(collector, work, args.seeds))
+                specs.extend(run_slow_link(work, args.seeds))
                 continue
             for batch in [grouped, *([c] for c in alone)]:
                 result = launcher.launch(
@@ -374,7 +397,9 @@ def main() -> None:
             folder = work / "out" / spec.job
             onset, ends = step_times(folder, spec)
             scores.append(score(spec, "offline", offline_findings(folder), onset, ends))
-            online = online_findings(collector, spec.job)
+            online = (
+                spec.online if spec.online is not None else online_findings(collector, spec.job)
+            )
             scores.append(score(spec, "online", online, onset, ends))
     finally:
         collector.stop()

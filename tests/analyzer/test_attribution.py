@@ -131,3 +131,51 @@ def test_a_rank_that_died_before_sending_anything_is_the_culprit() -> None:
     t.observe_heartbeat(_beat(0, 102.0, schema.RankState.IN_COLLECTIVE))  # still waiting
     crash = t.check(103.5)
     assert crash is not None and crash.subjects.ranks == [3]
+
+
+def _link_records(slow: float) -> list[schema.Record]:
+    """A 2 x 2 mesh (dp groups {0, 2} and {1, 3}) over 20 steps; dp group {1, 3}'s ops take
+    `slow` times as long, as when the link between their hosts is slow."""
+    out: list[schema.Record] = []
+    for rank, node in enumerate(["a", "a", "b", "b"]):
+        out.append(schema.RankInfo(job_id="j", rank=rank, node=node))
+    for step in range(20):
+        for rank in range(4):
+            out.append(
+                schema.StepRecord(
+                    job_id="j", rank=rank, step=step, start_s=step * 1.0, end_s=step * 1.0 + 0.9
+                )
+            )
+            group = f"mesh_dp:{2 + rank % 2}"
+            seconds = 0.1 * (slow if rank % 2 else 1.0)
+            out.append(
+                schema.CollectiveAggregate(
+                    job_id="j",
+                    rank=rank,
+                    step=step,
+                    group=group,
+                    op="all_gather_single",
+                    count=2,
+                    bytes=2048,
+                    total_device_s=seconds,
+                    last_device_s=seconds / 2,
+                    last_seq=2 * (step + 1),
+                )
+            )
+    return out
+
+
+def test_a_group_slower_than_its_peers_is_a_slow_link_between_its_hosts() -> None:
+    from vigil.analyzer import engine
+
+    [link] = engine.analyze_records(_link_records(slow=3.0))
+    assert link.kind == "slow_link" and link.subjects.ranks == [1, 3]
+    assert link.subjects.links == ["a<->b"]
+    transfer = link.evidence[0]
+    assert transfer.observed == pytest.approx(3 * transfer.baseline, rel=0.01)
+
+
+def test_groups_moving_alike_are_no_slow_link() -> None:
+    from vigil.analyzer import engine
+
+    assert engine.analyze_records(_link_records(slow=1.2)) == []

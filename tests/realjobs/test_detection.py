@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.realjobs import launch as launcher
+from tests.realjobs import netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -109,3 +110,30 @@ def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
     assert result.exit_codes[3] == 13 and all(c != 0 for c in result.exit_codes)
     found = _analyze(tmp_path / "crash")
     assert _named(found) == [("crash", (3,))], [f["summary"] for f in found]
+
+
+@pytest.mark.skipif(not netns.available(), reason="needs root, iproute2 and network namespaces")
+def test_a_real_slow_link_is_located_between_its_hosts(tmp_path: Path) -> None:
+    """Rank 3 of a 2-D job (tensor parallel within pairs, FSDP2 across) sits in a network
+    namespace of its own behind a veth pair that `tc tbf` limits to 200 Mbit/s: its traffic,
+    and only its, crosses the slow link. The same job without the limit has no finding."""
+    cases = [{"job": "link", "steps": 30, "seed": 7}]
+    with netns.slow_link("200mbit") as link:
+        outside = {"VIGIL_NODE": "host-a", "GLOO_SOCKET_IFNAME": link.outside_dev}
+        env = {r: dict(outside) for r in range(4)}
+        env[3] = {"VIGIL_NODE": "host-b", "GLOO_SOCKET_IFNAME": link.inside_dev}
+        result = launcher.launch(
+            "fsdp_tp", cases, tmp_path / "slow", timeout_s=300, rank_env=env,
+            rank_prefix={3: link.prefix}, master_addr=link.outside_addr,
+        )  # fmt: skip
+    assert result.exit_codes == [0, 0, 0, 0], f"see {result.logs}"
+    found = _analyze(tmp_path / "slow" / "link")
+    assert found and {f["kind"] for f in found} == {"slow_link"}, [f["summary"] for f in found]
+    for finding in found:  # each slow group crosses the link: rank 3 and one partner
+        assert 3 in finding["subjects"]["ranks"] and len(finding["subjects"]["ranks"]) == 2
+        assert finding["subjects"]["links"] == ["host-a<->host-b"]
+        transfer = finding["evidence"][0]
+        assert transfer["observed"] > 1.5 * transfer["baseline"]
+    result = launcher.launch("fsdp_tp", cases, tmp_path / "clean", timeout_s=300)
+    assert result.exit_codes == [0, 0, 0, 0], f"see {result.logs}"
+    assert _analyze(tmp_path / "clean" / "link") == []

@@ -1,0 +1,130 @@
+"""Slow links from collective groups: a group whose ops move the same bytes as its peer groups'
+but take much longer, step after step.
+
+A link's slowness is shared by everyone whose traffic crosses it, so it shows in the transfer
+time of the process groups that use it (attribution.py: the shortest member's duration, with
+nobody waited for), not in one rank's numbers. Groups of one kind (the same name before the
+last `:id`, e.g. the `mesh_dp` groups of a 2-D mesh, and the same op class and bytes per op) are
+compared each step: a group whose transfer is `link_ratio` x the median of the others, and
+longer by at least `min_excess` of the step, is flagged; `min_hits` of `window` steps make a
+finding. Its subjects are the group's members and their nodes (`a<->b` when they span two).
+With a single group of a kind (one world group) nothing can be compared, and nothing is said.
+Pure numpy over `StepArrays` that carry their aggregates.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from vigil import schema
+from vigil.analyzer import arrays as arrays_mod
+from vigil.analyzer import attribution, findings, robust
+from vigil.analyzer import config as config_mod
+
+
+def group_kind(group: str) -> str:
+    """Groups compared with each other share this: the name without its last `:id`."""
+    head, sep, _ = group.rpartition(":")
+    return head if sep else group
+
+
+def detect(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> list[schema.Finding]:
+    if a.aggs is None or not len(a.aggs) or not a.agg_keys:
+        return []
+    g = attribution.group_transfer(a.aggs)
+    if not g.row.size:
+        return []
+    keys = np.unique(g.key)
+    col_of = {int(k): i for i, k in enumerate(keys)}
+    transfer = np.full((a.num_steps, keys.size), np.nan)
+    members: dict[int, tuple[int, ...]] = {}
+    classes: dict[tuple[str, str, int], set[int]] = defaultdict(set)
+    for row, key, t, nbytes, who in zip(
+        g.row.tolist(), g.key.tolist(), g.transfer_s.tolist(), g.nbytes.tolist(), g.members,
+        strict=True,
+    ):  # fmt: skip
+        transfer[row, col_of[key]] = t
+        members.setdefault(key, who)
+        name, op = a.agg_keys[key]
+        classes[(group_kind(name), op, nbytes)].add(key)
+    with np.errstate(all="ignore"):
+        step = robust.nanmedian(a.step_time_s.astype(np.float64), 1)
+    flags = np.zeros(transfer.shape, dtype=bool)
+    baseline = np.full(transfer.shape, np.nan)
+    for peers in classes.values():
+        if len(peers) < 2:
+            continue
+        cols = [col_of[k] for k in sorted(peers)]
+        block = transfer[:, cols]
+        for j, col in enumerate(cols):
+            others = np.delete(block, j, axis=1)
+            with np.errstate(all="ignore"):
+                base = robust.nanmedian(others, 1)
+            mine = block[:, j]
+            baseline[:, col] = base
+            with np.errstate(invalid="ignore"):
+                flags[:, col] = (mine >= cfg.link_ratio * base) & (
+                    mine - base >= cfg.min_excess * step
+                )
+    hits = robust.rolling_hits(flags, cfg.window)
+    episodes: dict[tuple[int, ...], list[tuple[int, int, int, int]]] = defaultdict(list)
+    for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)).tolist():
+        for first, last, at in robust.persistent_episodes(
+            flags[:, col], hits[:, col], cfg.min_hits
+        ):
+            episodes[members[int(keys[col])]].append((col, first, last, at))
+    return [_finding(a, who, eps, transfer, baseline, keys) for who, eps in episodes.items()]
+
+
+def _finding(
+    a: arrays_mod.StepArrays,
+    who: tuple[int, ...],
+    eps: list[tuple[int, int, int, int]],
+    transfer: np.ndarray,
+    baseline: np.ndarray,
+    keys: np.ndarray,
+) -> schema.Finding:
+    assert a.agg_keys is not None
+    first, last = min(e[1] for e in eps), max(e[2] for e in eps)
+    at = min(e[3] for e in eps)
+    cols = sorted({e[0] for e in eps})
+    rows = slice(first, last + 1)
+    with np.errstate(all="ignore"):
+        observed = float(np.nansum(np.nanmedian(transfer[rows][:, cols], axis=0)))
+        base = float(np.nansum(np.nanmedian(baseline[rows][:, cols], axis=0)))
+    ranks = [int(a.ranks[c]) for c in who]
+    nodes = sorted({a.nodes[c] for c in who if a.nodes[c]})
+    links = [f"{nodes[0]}<->{nodes[1]}"] if len(nodes) == 2 else []
+    where = (
+        " <-> ".join(nodes) if links else ", ".join(nodes) or "ranks " + ", ".join(map(str, ranks))
+    )
+    groups = sorted({a.agg_keys[int(keys[c])][0] for c in cols})
+    ops = sorted({a.agg_keys[int(keys[c])][1] for c in cols})
+    ratio = observed / base if base > 0 else float("inf")
+    return findings.make_finding(
+        kind=schema.FindingKind.SLOW_LINK,
+        job_id=a.job_id,
+        subjects=schema.Subjects(ranks=ranks, nodes=nodes, links=links),
+        step_start=int(a.steps[first]),
+        step_end=int(a.steps[last]),
+        summary=(
+            f"slow link {where}: group {', '.join(groups)} ({', '.join(ops)}) moves its bytes "
+            f"{ratio:.2f}x slower than its peer groups"
+        ),
+        evidence=[
+            findings.evidence(
+                "collective_transfer_time",
+                observed,
+                base,
+                unit="s",
+                note="per step, the group's shortest member vs the median of its peer groups",
+            ),
+            findings.evidence("groups_affected", len(cols)),
+        ],
+        confidence=min(0.95, 0.5 + 0.1 * ratio),
+        detected_s=float(a.step_end_s[at]) if np.isfinite(a.step_end_s[at]) else 0.0,
+        trace_start_s=float(a.step_start_s[first]) if np.isfinite(a.step_start_s[first]) else 0.0,
+        trace_end_s=float(a.step_end_s[last]) if np.isfinite(a.step_end_s[last]) else 0.0,
+    )
