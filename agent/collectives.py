@@ -446,6 +446,10 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     peer_name = _P2P.get(op)
     t_pos, g_pos = _position(fn, tensor_name), _position(fn, group_name)
     p_pos, a_pos = _position(fn, peer_name), _position(fn, "async_op")
+    # P2P ops may name the peer by its rank in the group (`group_dst`/`group_src`), as
+    # batch_isend_irecv (pipelining) does: the pair's name needs the global rank.
+    group_peer_name = f"group_{peer_name}" if peer_name is not None else None
+    gp_pos = _position(fn, group_peer_name)
 
     always_async = op in _ALWAYS_ASYNC
 
@@ -455,11 +459,16 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         if recorder is None or getattr(_state, "depth", False):
             return fn(*args, **kwargs)
         try:
+            group = _arg(args, kwargs, g_pos, group_name)
             peer = _arg(args, kwargs, p_pos, peer_name) if peer_name is not None else None
+            if peer is None and group_peer_name is not None:
+                group_peer = _arg(args, kwargs, gp_pos, group_peer_name)
+                if group_peer is not None:
+                    peer = _global_rank(group, int(group_peer))
             is_async = always_async or bool(_arg(args, kwargs, a_pos, "async_op"))
             pending = recorder.begin(
                 op,
-                _arg(args, kwargs, g_pos, group_name),
+                group,
                 _arg(args, kwargs, t_pos, tensor_name),
                 int(peer) if peer is not None else None,
                 blocking=not is_async,
@@ -480,6 +489,12 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    if group is None or group is dist.GroupMember.WORLD:
+        return group_rank
+    return int(dist.get_global_rank(group, group_rank))
 
 
 def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -> None:

@@ -8,7 +8,8 @@ last `:id`, e.g. the `mesh_dp` groups of a 2-D mesh, and the same op class and b
 compared each step: a group whose transfer is `link_ratio` x the median of the others, and
 longer by at least `min_excess` of the step, is flagged; `min_hits` of `window` steps make a
 finding. Its subjects are the group's members and their nodes (`a<->b` when they span two).
-With a single group of a kind (one world group) nothing can be compared, and nothing is said.
+With a single group of a kind (one world group) nothing can be compared, and nothing is said;
+point-to-point pairs are not judged (a pipeline's send waits for its receiver's schedule).
 Pure numpy over `StepArrays` that carry their aggregates.
 """
 
@@ -48,6 +49,8 @@ def detect(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> list[sc
         transfer[row, col_of[key]] = t
         members.setdefault(key, who)
         name, op = a.agg_keys[key]
+        if op == "p2p":
+            continue  # a send completes only once its receiver takes it: not a link's own time
         classes[(group_kind(name), op, nbytes)].add(key)
     with np.errstate(all="ignore"):
         step = robust.nanmedian(a.step_time_s.astype(np.float64), 1)

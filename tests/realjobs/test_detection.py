@@ -86,7 +86,8 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
     """Bounded 6 s hangs (before a collective, inside one no peer joins, in data loading) on
-    DDP, then a crash (os._exit) in a launch of its own on the plain loop."""
+    DDP, one inside a collective on the 1F1B pipeline, then a crash (os._exit) in a launch of
+    its own on the plain loop."""
     cases = [
         {
             "job": f"hang-{where}",
@@ -103,6 +104,12 @@ def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
         assert _named(found) == [("hang", (2,))], [f["summary"] for f in found]
         silent = found[0]["evidence"][0]
         assert silent["metric"] == "seconds_without_progress" and silent["observed"] < 6.0
+    # A pipeline's point-to-point pairs (batch_isend_irecv names peers by group rank).
+    pp = [{**cases[1], "job": "pp-hang-collective"}]
+    result = launcher.launch("pp", pp, tmp_path, timeout_s=300)
+    assert result.exit_codes == [0, 0, 0, 0], f"see {result.logs}"
+    found = _analyze(tmp_path / "pp-hang-collective")
+    assert _named(found) == [("hang", (2,))], [f["summary"] for f in found]
     crash = [
         {"job": "crash", "steps": 30, "seed": 6, "fault": {"kind": "crash", "rank": 3, "step": 12}}
     ]
