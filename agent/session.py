@@ -1,8 +1,9 @@
 """One training process's SDK session: step boundaries, phases, collectives, MFU, control.
 
-The training thread only reads clocks, adds numbers and appends records to a bounded queue; a
-background flusher writes them out (JSONL or the collector), sends heartbeats once per interval
-and dumps the collective ring buffer and thread stacks when the process itself suspects a hang.
+The training thread only reads clocks, adds numbers and keeps each ended step as raw numbers;
+the flusher thread (`background.py`) builds their records, sends heartbeats once per interval
+and dumps the collective ring buffer and thread stacks when the process itself suspects a hang,
+and writes them out (JSONL or the collector).
 Control requests (from the node agent, through the progress page, or `request_control`) run
 their callbacks at the next step boundary, in the training thread.
 
@@ -18,29 +19,24 @@ import faulthandler
 import logging
 import math
 import os
-import resource
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 import torch
 
 from vigil import schema
-from vigil.agent import collectives, config, mfu, phases, progress, shipping, sinks
+from vigil.agent import background, collectives, config, mfu, phases, progress, shipping, sinks
 
 log = logging.getLogger(__name__)
 
 SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHECKPOINTING}
-# Step times remembered to learn the hang threshold.
-_HISTORY = 32
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
 _COMPUTE = schema.RankState.COMPUTE
 _NO_SPANS: dict[str, float] = {}  # an ended step without spans (read only)
-# How long an ended step's records wait for its collectives still running on a CUDA device.
-_CUDA_SETTLE_S = 5.0
 
 
 class StepHandle:
@@ -120,19 +116,13 @@ class Session:
         self._in_step = False
         self._step_start = 0.0
         self._spans: dict[str, float] = collections.defaultdict(float)
-        self._step_times: collections.deque[float] = collections.deque(maxlen=_HISTORY)
         self._callbacks: dict[str, list[Callable[[], Any]]] = collections.defaultdict(list)
         self._requests: collections.deque[str] = collections.deque()
         self._control_seq = 0
-        self._hang_reported_at = -1.0
-        # Peak memory (the CUDA allocator's on the training thread's device, else host RSS),
-        # refreshed by the flusher each interval: reading it costs the training thread tens of
-        # microseconds (the allocator's whole statistics dict), and it only ever grows.
-        self._cuda_device: int | None = None
-        self._peak_memory_bytes = _peak_memory(None)
+        self._cuda_device: int | None = None  # the training thread's, once it has one
         # Ended steps, as raw numbers: the flusher builds their records (and reads a tensor
         # loss, which may sync a device) off the training thread. Bounded like the queue.
-        self._ended: collections.deque[_EndedStep] = collections.deque(
+        self._ended: collections.deque[background.EndedStep] = collections.deque(
             maxlen=cfg.max_queued_records
         )
         self.dropped_steps = 0
@@ -141,13 +131,25 @@ class Session:
         self.flops_per_token = self._resolve_flops()
         self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
         self._stacks_file = self._open_stacks_file()
-        self._tick_reader: progress.PageReader | None = None
         self.shipper: shipping.Shipper | None = None
+        self.background = background.Background(
+            cfg=cfg,
+            queue=self.queue,
+            recorder=self.recorder,
+            page_path=self.page.path,
+            ended=self._ended,
+            clock=clock,
+            wall_offset_s=self._wall_offset,
+            flops_per_token=lambda: self.flops_per_token,
+            cuda_device=lambda: self._cuda_device,
+            write_health=self._write_health,
+            dump_evidence=lambda reason: self.dump_evidence(reason=reason),
+        )
         self.flusher = sinks.Flusher(
             queue=self.queue,
             sink=self._make_sink(),
             interval_s=cfg.flush_interval_s,
-            tick=self._tick,
+            tick=self.background.tick,
             on_error=self.count_error,
             name=f"vigil-{cfg.rank_tag}",
         )
@@ -220,7 +222,7 @@ class Session:
                 local_rank=cfg.local_rank,
                 pid=os.getpid(),
                 pod=cfg.pod,
-                device_uuid=_device_uuid(),
+                device_uuid=background.device_uuid(),
                 world_size=cfg.world_size,
             )
         )
@@ -305,12 +307,11 @@ class Session:
         if len(ended) == ended.maxlen:
             self.dropped_steps += 1
         ended.append(
-            _EndedStep(
+            background.EndedStep(
                 handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
                 blocked_s, aggs, spans, util,
             )
         )  # fmt: skip
-        self._step_times.append(seconds)
         if self._cuda_device is None and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             self._cuda_device = torch.cuda.current_device()  # this thread's device, once
         wall = end + self._wall_offset
@@ -388,29 +389,6 @@ class Session:
             reader.close()
         self.flusher.flush_soon()
 
-    # -- background tick (flusher thread) -------------------------------------------------
-    def _tick(self) -> None:
-        self._peak_memory_bytes = _peak_memory(self._cuda_device)
-        self._settle_steps()
-        if self._tick_reader is None:  # the flusher thread's own, kept open for the session
-            self._tick_reader = progress.PageReader(self.page.path)
-        snap = self._tick_reader.snapshot()
-        cfg = self.cfg
-        self.queue.put(
-            schema.Heartbeat(
-                job_id=cfg.job,
-                rank=cfg.rank,
-                time_s=time.time(),
-                last_step=snap.last_step,
-                last_group=snap.last_group,
-                last_seq=snap.last_seq,
-                last_op=snap.last_op,
-                state=snap.state,
-            )
-        )
-        self._check_hang(snap)
-        self._write_health()
-
     def _write_health(self) -> None:
         stats = self.shipper.stats if self.shipper else None
         dropped = self.queue.dropped + self.dropped_steps
@@ -423,63 +401,6 @@ class Session:
                 queued_records=len(self.queue),
             )
         )
-
-    def _settle_steps(self, *, final: bool = False) -> None:
-        """Queue the records of the steps ended since the last call, in step order. A step
-        whose collectives still run on a CUDA device waits for them (up to `_CUDA_SETTLE_S`;
-        `final`: not at all), so that their device time counts in the step that launched them."""
-        cfg = self.cfg
-        ended = self._ended
-        now = self._clock()
-        self.recorder.resolve_cuda()  # once for all the steps below
-        while ended:
-            e = ended[0]
-            if not self.recorder.release(e.step, force=final or now - e.end > _CUDA_SETTLE_S):
-                break  # the next interval
-            ended.popleft()
-            spans = e.spans
-            self.queue.put(
-                schema.StepRecord(
-                    job_id=cfg.job,
-                    rank=cfg.rank,
-                    step=e.step,
-                    start_s=e.start + self._wall_offset,
-                    end_s=e.end + self._wall_offset,
-                    data_s=spans.get("data", 0.0),
-                    forward_s=e.forward_s + spans.get("forward", 0.0),
-                    backward_s=e.backward_s + spans.get("backward", 0.0),
-                    optimizer_s=e.optimizer_s + spans.get("optimizer", 0.0),
-                    comm_wait_s=e.blocked_s,
-                    tokens=max(0, e.tokens),
-                    model_flops=(self.flops_per_token or 0.0) * e.tokens,
-                    mfu=e.mfu,
-                    loss=_loss_value(e.loss),
-                    peak_memory_bytes=self._peak_memory_bytes,
-                )
-            )
-            self.queue.extend(
-                collectives.aggregate_records(e.aggs, job=cfg.job, rank=cfg.rank, step=e.step)
-            )
-
-    def hang_threshold_s(self) -> float:
-        slowest = max(self._step_times, default=0.0)
-        return max(self.cfg.min_hang_s, self.cfg.hang_factor * slowest)
-
-    def _check_hang(self, snap: progress.PageSnapshot) -> None:
-        if snap.state in (schema.RankState.FINISHED, schema.RankState.STARTING):
-            return
-        stalled = self._clock() - snap.progress_mono_s
-        if stalled > self.hang_threshold_s() and snap.progress_mono_s != self._hang_reported_at:
-            self._hang_reported_at = snap.progress_mono_s
-            log.warning(
-                "no progress for %.1f s (step %d, last %s #%d %s): dumping ring and stacks",
-                stalled,
-                snap.last_step,
-                snap.last_group,
-                snap.last_seq,
-                snap.last_op,
-            )
-            self.dump_evidence(reason=f"no progress for {stalled:.1f} s")
 
     # -- end ------------------------------------------------------------------------------
     def _at_exit(self) -> None:
@@ -497,8 +418,7 @@ class Session:
             collectives.uninstall()
         self.phases.remove()
         self._publish(state)
-        self._peak_memory_bytes = _peak_memory(self._cuda_device)
-        self._settle_steps(final=True)
+        self.background.settle(final=True)
         cfg = self.cfg
         self.queue.put(
             schema.Heartbeat(
@@ -515,47 +435,5 @@ class Session:
             with contextlib.suppress(Exception):
                 faulthandler.unregister(self.cfg.stack_signal)
             self._stacks_file.close()
-        if self._tick_reader is not None:
-            self._tick_reader.close()
+        self.background.close()
         self.page.close()
-
-
-class _EndedStep(NamedTuple):
-    """What the training thread keeps of an ended step until the flusher builds its records."""
-
-    step: int
-    start: float
-    end: float
-    tokens: int
-    loss: Any  # a number, a detached scalar tensor or None
-    forward_s: float
-    backward_s: float
-    optimizer_s: float
-    blocked_s: float
-    aggs: collectives.StepAggregates
-    spans: dict[str, float]
-    mfu: float
-
-
-def _loss_value(loss: Any) -> float | None:
-    """A finite float, or None when unknown (a tensor is read here, off the training thread)."""
-    if loss is None:
-        return None
-    try:
-        value = float(loss)
-    except Exception:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _peak_memory(cuda_device: int | None) -> int:
-    if cuda_device is not None:
-        return int(torch.cuda.max_memory_allocated(cuda_device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-
-
-def _device_uuid() -> str:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        with contextlib.suppress(Exception):
-            return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    return ""

@@ -181,10 +181,10 @@ def test_session_holds_a_steps_records_until_its_device_collectives_end(
             device.events[-1].done = False  # the GPU is behind when the step ends
         with vigil.agent.step(1, tokens=1):
             pass
-        session._settle_steps()
+        session.background.settle()
         assert [e.step for e in session._ended] == [0, 1]  # held, in order
         device.events[-1].done = True
-        session._settle_steps()
+        session.background.settle()
         assert not session._ended
     finally:
         vigil.agent.shutdown()
