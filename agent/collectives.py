@@ -1,9 +1,8 @@
-"""Times every torch.distributed collective and point-to-point op a training process issues.
+"""The collective recorder: every torch.distributed op a training process issues, timed.
 
-`install()` wraps the public functions of `torch.distributed` (the names FSDP2, tensor
-parallelism and user code call through `dist.<name>`), and `Work.wait` to measure how long the
-training thread is blocked on asynchronous work. DDP's gradient all-reduce runs in C++ and is
-reached through a communication hook (`ddp_comm_hook`) that records it and calls the process group.
+`patching.install()` routes the public functions of `torch.distributed` and `Work.wait` here;
+DDP's gradient all-reduce reaches it through `ddp_hook.ddp_comm_hook`. This module holds the
+recorder and the per-step aggregates it builds.
 
 Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
 go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
@@ -23,8 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import inspect
 import itertools
 import logging
 import threading
@@ -34,40 +31,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as _c10d
 
 from vigil import schema
-from vigil.agent import functional, progress
+from vigil.agent import progress
 
 log = logging.getLogger(__name__)
 
-# name -> (tensor argument, how to size it, group argument). "output"/"input" name the argument
-# whose bytes count as the message size (NCCL-tests convention: all-gather counts its output,
-# reduce-scatter its input).
-_SPECS: dict[str, tuple[str | None, str]] = {
-    "all_reduce": ("tensor", "group"),
-    "all_reduce_coalesced": ("tensors", "group"),
-    "broadcast": ("tensor", "group"),
-    "reduce": ("tensor", "group"),
-    "all_gather": ("tensor_list", "group"),
-    "all_gather_single": ("output_tensor", "group"),
-    "all_gather_into_tensor": ("output_tensor", "group"),
-    "reduce_scatter": ("input_list", "group"),
-    "reduce_scatter_single": ("input", "group"),
-    "reduce_scatter_tensor": ("input", "group"),
-    "all_to_all": ("input_tensor_list", "group"),
-    "all_to_all_single": ("input", "group"),
-    "gather": ("tensor", "group"),
-    "scatter": ("tensor", "group"),
-    "barrier": (None, "group"),
-    "send": ("tensor", "group"),
-    "recv": ("tensor", "group"),
-    "isend": ("tensor", "group"),
-    "irecv": ("tensor", "group"),
-}
-_P2P = {"send": "dst", "recv": "src", "isend": "dst", "irecv": "src"}
-_P2P_OP_CHECKED = frozenset({"isend", "irecv"})  # what P2POp accepts as its op
-_ALWAYS_ASYNC = {"isend", "irecv"}
 # Durations kept per (group, op, bytes) to estimate the pure transfer time (their minimum).
 _BASELINE_WINDOW = 32
 
@@ -413,261 +382,3 @@ def _cuda_event(device: int) -> Any:
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record(torch.cuda.current_stream(device))
     return event
-
-
-# -- installing the wrappers ----------------------------------------------------------------
-_state = threading.local()  # .depth: inside a wrapped call (inner calls are not recorded again)
-_active: CollectiveRecorder | None = None
-_originals: dict[str, Any] = {}
-
-
-def active() -> CollectiveRecorder | None:
-    """The recorder wrapped calls report to, or None when not installed / inside a wrapped call."""
-    return None if getattr(_state, "depth", False) else _active
-
-
-def _position(fn: Callable[..., Any], name: str | None) -> int:
-    if name is None:
-        return -1
-    params = list(inspect.signature(fn).parameters)
-    return params.index(name) if name in params else -1
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str | None) -> Any:
-    if name is None:
-        return None
-    if 0 <= pos < len(args):
-        return args[pos]
-    return kwargs.get(name)
-
-
-def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    tensor_name, group_name = _SPECS[op]
-    peer_name = _P2P.get(op)
-    t_pos, g_pos = _position(fn, tensor_name), _position(fn, group_name)
-    p_pos, a_pos = _position(fn, peer_name), _position(fn, "async_op")
-    # P2P ops may name the peer by its rank in the group (`group_dst`/`group_src`), as
-    # batch_isend_irecv (pipelining) does: the pair's name needs the global rank.
-    group_peer_name = f"group_{peer_name}" if peer_name is not None else None
-    gp_pos = _position(fn, group_peer_name)
-
-    always_async = op in _ALWAYS_ASYNC
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        recorder = _active
-        if recorder is None or getattr(_state, "depth", False):
-            return fn(*args, **kwargs)
-        try:
-            group = _arg(args, kwargs, g_pos, group_name)
-            peer = _arg(args, kwargs, p_pos, peer_name) if peer_name is not None else None
-            if peer is None and group_peer_name is not None:
-                group_peer = _arg(args, kwargs, gp_pos, group_peer_name)
-                if group_peer is not None:
-                    peer = _global_rank(group, int(group_peer))
-            is_async = always_async or bool(_arg(args, kwargs, a_pos, "async_op"))
-            pending = recorder.begin(
-                op,
-                group,
-                _arg(args, kwargs, t_pos, tensor_name),
-                int(peer) if peer is not None else None,
-                blocking=not is_async,
-            )
-        except Exception as exc:
-            recorder._on_error(exc)
-            return fn(*args, **kwargs)
-        _state.depth = True
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            _state.depth = False
-        if is_async and result is not None:
-            _on_completion(recorder, pending, result)
-        else:
-            recorder.finish(pending, sync=True)
-        return result
-
-    wrapper.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _global_rank(group: Any, group_rank: int) -> int:
-    if group is None or group is dist.GroupMember.WORLD:
-        return group_rank
-    return int(dist.get_global_rank(group, group_rank))
-
-
-def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -> None:
-    # Remembered while in flight for Work.wait, which marks the rank as in this collective
-    # while it blocks there (no reference to the Work: its buffers must not outlive it).
-    key = id(work)
-    if len(_waitable) >= _MAX_WAITABLE:  # a safety net: entries leave when their op completes
-        _waitable.pop(next(iter(_waitable)))
-
-    def done(_f: Any) -> None:
-        _waitable.pop(key, None)
-        recorder.finish(pending, sync=False)
-
-    _waitable[key] = (recorder, pending, False)  # before: a done future calls back at once
-    try:
-        work.get_future().add_done_callback(done)
-    except Exception:  # a Work type without futures: completion is observed at wait()
-        _waitable[key] = (recorder, pending, True)
-
-
-# In-flight asynchronous ops by id(Work): (recorder, op, whether its wait() completes it).
-# Bounded, oldest forgotten first.
-_MAX_WAITABLE = 4096
-_waitable: dict[int, tuple[CollectiveRecorder, _Pending, bool]] = {}
-
-
-def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder = _active
-        if recorder is None or getattr(_state, "depth", False):
-            # Inside a wrapped synchronous collective (it waits on its own Work): that time is
-            # already the collective's; counting it here too would double the exposed wait.
-            return original(self, *args, **kwargs)
-        waited = _waitable.get(id(self))
-        if waited is not None:
-            waited[0].enter_wait(waited[1])
-        start = time.monotonic()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            try:
-                recorder.wait_blocked(time.monotonic() - start)
-                if waited is not None:
-                    owner, pending, finish_here = waited
-                    owner.leave_wait(pending)
-                    if finish_here:
-                        _waitable.pop(id(self), None)
-                        owner.finish(pending, sync=False)
-            except Exception as exc:
-                recorder._on_error(exc)
-
-    return wait
-
-
-def install(recorder: CollectiveRecorder) -> None:
-    """Route torch.distributed's collectives through `recorder` (idempotent)."""
-    global _active
-    _active = recorder
-    if _originals:
-        return
-    for op in _SPECS:
-        fn = getattr(dist, op, None)
-        if fn is None or hasattr(fn, "__vigil_wrapped__"):
-            continue
-        _originals[op] = fn
-        wrapped = _wrap(op, fn)
-        setattr(dist, op, wrapped)
-        if op in _P2P_OP_CHECKED and getattr(_c10d, op, None) is fn:
-            # `dist.P2POp(dist.isend, ...)` (batch_isend_irecv, pipelining) checks its op
-            # against the c10d module's own name: it must be the wrapper there too.
-            setattr(_c10d, op, wrapped)
-    work_type = getattr(dist, "Work", None)
-    if work_type is not None:
-        _originals["Work.wait"] = work_type.wait
-        work_type.wait = _wrap_wait(work_type.wait)
-    functional.install()
-
-
-def uninstall() -> None:
-    """Restore the original functions; wrapped calls in flight finish normally."""
-    global _active
-    _active = None
-    functional.uninstall()
-    for name, fn in list(_originals.items()):
-        if name == "Work.wait":
-            dist.Work.wait = fn  # type: ignore[method-assign]
-        else:
-            setattr(dist, name, fn)
-            if name in _P2P_OP_CHECKED:
-                setattr(_c10d, name, fn)
-    _originals.clear()
-    _waitable.clear()
-
-
-# DDP's gradient-bucket all-reduces are their own op: their aggregate is `overlapped` (see
-# `_Site`) and must not mix with the job's own all-reduces on the same group.
-DDP_ALL_REDUCE = "ddp_all_reduce"
-
-
-def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
-    """DDP's default all-reduce (average over the group), timed: one future callback both
-    records completion and hands DDP the reduced bucket, so a bucket costs the comm thread one
-    Python call, as torch's own default hook does. The process group is called directly (as
-    torch's default hook does), not through `dist.all_reduce`'s Python checks; NCCL averages in
-    its kernel, other backends sum a bucket divided first."""
-    tensor = bucket.buffer()
-    group: Any = process_group if process_group is not None else dist.group.WORLD
-    options = _divide_for_average(group, tensor)
-    recorder, pending = _active, None
-    if recorder is not None:
-        try:
-            pending = recorder.begin(
-                DDP_ALL_REDUCE, group, tensor, None, blocking=False, overlapped=True
-            )
-        except Exception as exc:  # fail-open: the all-reduce goes on untimed
-            recorder._on_error(exc)
-    fut = _start_all_reduce(group, tensor, options)
-    if recorder is None or pending is None:
-        return fut.then(_reduced)
-    timed_by, op = recorder, pending
-
-    def done(f: Any) -> Any:
-        timed_by.finish(op, sync=False)  # fail-open: finish never raises
-        return f.value()[0]
-
-    return fut.then(done)
-
-
-# What DDP does to a bucket with or without a hook, in functions of their own so that a sampling
-# profile tells this work from the SDK's bookkeeping (bench/sdk_overhead.py).
-def _divide_for_average(group: Any, tensor: torch.Tensor) -> Any:
-    """The options that average over `group`, dividing `tensor` first where they only sum."""
-    options = _average_options(group)
-    if options.reduceOp != dist.ReduceOp.AVG:
-        tensor.div_(group.size())
-    return options
-
-
-def _start_all_reduce(group: Any, tensor: torch.Tensor, options: Any) -> Any:
-    return group.allreduce([tensor], options).get_future()
-
-
-DDP_BUCKET_WORK = (_divide_for_average.__name__, _start_all_reduce.__name__)
-
-
-# id(group) -> (group, options); the group is held, so its id stays its own.
-_AVERAGING: dict[int, tuple[Any, Any]] = {}
-
-
-def _average_options(group: Any) -> Any:
-    """All-reduce options that average over `group`: AVG where the backend has it (NCCL),
-    else SUM (the caller divides first)."""
-    entry = _AVERAGING.get(id(group))
-    if entry is not None and entry[0] is group:
-        return entry[1]
-    options = dist.AllreduceOptions()
-    try:
-        nccl = dist.get_backend(group) == dist.Backend.NCCL
-    except (RuntimeError, ValueError):  # not a registered group: take the portable path
-        nccl = False
-    options.reduceOp = dist.ReduceOp(dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
-    _AVERAGING[id(group)] = (group, options)
-    return options
-
-
-def _reduced(fut: Any) -> Any:
-    return fut.value()[0]
-
-
-# DDP checks the hook's annotations at registration; with postponed evaluation they are strings.
-ddp_comm_hook.__annotations__ = {
-    "process_group": object,
-    "bucket": dist.GradBucket,  # type: ignore[attr-defined]
-    "return": torch.futures.Future[torch.Tensor],
-}

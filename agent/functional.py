@@ -3,11 +3,11 @@
 DTensor redistributions call `torch.distributed._functional_collectives` (`all_reduce`,
 `all_gather_single`, `reduce_scatter_single`, ...), which launch the op and return an
 AsyncCollectiveTensor that waits (`wait_tensor`) on first use. Each wrapped call is recorded at
-launch by the active `collectives.CollectiveRecorder` and completed when its `wait_tensor` runs
+launch by the active recorder (`patching.active()`) and completed when its `wait_tensor` runs
 (the time the training thread blocks there is exposed wait). Collectives inside autograd's
 backward formulas run as C++ ops and are not seen here.
 
-Must not import `vigil.agent.collectives` at module level (it imports this module); no I/O.
+Must not import `vigil.agent.patching` at module level (it imports this module); no I/O.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def _wrap(module: Any, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from vigil.agent import collectives
+        from vigil.agent import patching
 
-        recorder = collectives.active()
+        recorder = patching.active()
         if recorder is None:
             return fn(*args, **kwargs)
         try:
@@ -85,11 +85,11 @@ def _wrap(module: Any, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             recorder._on_error(exc)
             return fn(*args, **kwargs)
-        collectives._state.depth = True
+        patching._state.depth = True
         try:
             result = fn(*args, **kwargs)
         finally:
-            collectives._state.depth = False
+            patching._state.depth = False
         if isinstance(result, async_type):
             if len(_pending) >= _MAX_PENDING:
                 _pending.pop(next(iter(_pending)))

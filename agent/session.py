@@ -29,7 +29,18 @@ from typing import IO, Any
 import torch
 
 from vigil import schema
-from vigil.agent import background, collectives, config, mfu, phases, progress, shipping, sinks
+from vigil.agent import (
+    background,
+    collectives,
+    config,
+    ddp_hook,
+    mfu,
+    patching,
+    phases,
+    progress,
+    shipping,
+    sinks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +166,7 @@ class Session:
         )
         self._emit_identity()
         if cfg.time_collectives:
-            collectives.install(self.recorder)
+            patching.install(self.recorder)
         self._publish(schema.RankState.STARTING)
         self.flusher.start()
         # A process that exits without shutdown() (an exception ended it) says so: its peers'
@@ -254,7 +265,7 @@ class Session:
         register = getattr(model, "register_comm_hook", None)
         if register is not None and self.cfg.time_collectives:  # DDP: reach its C++ all-reduce
             try:
-                register(getattr(model, "process_group", None), collectives.ddp_comm_hook)
+                register(getattr(model, "process_group", None), ddp_hook.ddp_comm_hook)
             except RuntimeError as exc:  # the user registered their own hook already
                 log.warning("DDP already has a comm hook; its all-reduces are not timed: %s", exc)
 
@@ -415,7 +426,7 @@ class Session:
         process before the training loop called shutdown)."""
         atexit.unregister(self._at_exit)
         if self.cfg.time_collectives:
-            collectives.uninstall()
+            patching.uninstall()
         self.phases.remove()
         self._publish(state)
         self.background.settle(final=True)

@@ -87,7 +87,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import vigil.agent
-from vigil.agent import collectives, stacks
+from vigil.agent import ddp_hook, patching, stacks
 
 MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 # Step kinds of the in-place CPU measurement, each with a model of its own (so each model's
@@ -273,7 +273,7 @@ class _Sampler:
             ours = [f for f in frames[1:] if f.rpartition("(")[2].startswith(package)]
             if not ours:
                 continue
-            if ours[-1].partition(" (")[0] in collectives.DDP_BUCKET_WORK:
+            if ours[-1].partition(" (")[0] in ddp_hook.DDP_BUCKET_WORK:
                 bucket_work += int(count)
             else:
                 sdk += int(count)
@@ -321,9 +321,9 @@ def _hook_cost_us(tmp: Path, pages: Path, solo: Any, calls: int = 200, repeats: 
     recorder = session.recorder
     plain, wrapped = [], []
     for _ in range(repeats):
-        collectives.uninstall()
+        patching.uninstall()
         plain.append(batch())
-        collectives.install(recorder)
+        patching.install(recorder)
         wrapped.append(batch())
     vigil.agent.shutdown()
     # The fastest batch of each kind is the one least disturbed by other processes.

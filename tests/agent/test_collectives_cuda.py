@@ -19,7 +19,7 @@ import torch
 
 import vigil.agent
 from vigil import codec, schema
-from vigil.agent import collectives
+from vigil.agent import collectives, ddp_hook, patching
 
 DEVICE = 3
 
@@ -228,7 +228,7 @@ def test_ddp_hook_on_a_future_that_completes_at_enqueue(
 ) -> None:
     cpu = [5.0]
     recorder = _recorder(cpu)
-    monkeypatch.setattr(collectives, "_active", recorder)
+    monkeypatch.setattr(patching, "_active", recorder)
     tensor = _tensor()
     device.time = 1.0
     start_events = len(device.events)
@@ -241,7 +241,7 @@ def test_ddp_hook_on_a_future_that_completes_at_enqueue(
         return event
 
     monkeypatch.setattr(collectives, "_cuda_event", record)
-    fut = collectives.ddp_comm_hook(_Group(), _Bucket(tensor))
+    fut = ddp_hook.ddp_comm_hook(_Group(), _Bucket(tensor))
     assert fut.value() is tensor
     assert torch.equal(tensor, torch.full((256,), 0.5))  # divided for the average (a SUM op)
     aggs, _, _ = recorder.swap()
@@ -273,13 +273,13 @@ def test_nccl_async_all_reduce_is_timed_with_real_events(tmp_path: Any) -> None:
     group = dist.new_group([dist.get_rank()], backend="nccl", use_local_synchronization=True)
     recorder = collectives.CollectiveRecorder(page=None, on_error=_raise)
     try:
-        collectives.install(recorder)
+        patching.install(recorder)
         x = torch.ones(64 << 20, device="cuda")
         dist.all_reduce(x, group=group, async_op=True).wait()
         torch.cuda.synchronize()
         aggs, _, total = recorder.swap()
     finally:
-        collectives.uninstall()
+        patching.uninstall()
         dist.destroy_process_group(None if created else group)
     ((site, agg),) = aggs.items()
     assert (site.op, agg.count, agg.nbytes) == ("all_reduce", 1, x.nbytes)

@@ -161,7 +161,7 @@ def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_pat
     """FSDP2 and DTensor launch collectives asynchronously and block later in Work.wait or
     wait_tensor: the page must say the rank is in that collective (a hang then names the rank
     it waits for, not this one)."""
-    from vigil.agent import collectives
+    from vigil.agent import collectives, patching
 
     writer = _writer(tmp_path)
     reader = progress.PageReader(writer.path)
@@ -171,13 +171,13 @@ def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_pat
     writer.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=1e9, step=5)
     seen: list[progress.PageSnapshot] = []
     work = _Work(lambda: seen.append(reader.snapshot()))
-    collectives._on_completion(recorder, pending, work)
-    wait = collectives._wrap_wait(_Work.wait)
-    collectives._active = recorder
+    patching._on_completion(recorder, pending, work)
+    wait = patching._wrap_wait(_Work.wait)
+    patching._active = recorder
     try:
         wait(work)
     finally:
-        collectives._active = None
+        patching._active = None
     inside, after = seen[0], reader.snapshot()
     assert inside.state is schema.RankState.IN_COLLECTIVE
     assert (inside.last_group, inside.last_seq, inside.last_op) == (
@@ -187,4 +187,4 @@ def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_pat
     )
     assert after.state is schema.RankState.COMPUTE
     work.future.set_result(None)  # completion forgets the op: a later wait marks nothing
-    assert id(work) not in collectives._waitable
+    assert id(work) not in patching._waitable

@@ -18,7 +18,7 @@ import torch
 
 import vigil.agent
 from vigil import codec, schema
-from vigil.agent import collectives, progress
+from vigil.agent import ddp_hook, progress
 
 
 @pytest.fixture
@@ -212,10 +212,10 @@ def test_the_ddp_hook_lets_nccl_average_and_divides_first_elsewhere(
         return backends[id(group)]
 
     monkeypatch.setattr(torch.distributed, "get_backend", get_backend)
-    assert collectives._average_options(nccl).reduceOp == torch.distributed.ReduceOp.AVG
-    assert collectives._average_options(gloo).reduceOp == torch.distributed.ReduceOp.SUM
-    assert collectives._average_options(unregistered).reduceOp == torch.distributed.ReduceOp.SUM
-    assert collectives._average_options(nccl) is collectives._average_options(nccl)  # cached
+    assert ddp_hook._average_options(nccl).reduceOp == torch.distributed.ReduceOp.AVG
+    assert ddp_hook._average_options(gloo).reduceOp == torch.distributed.ReduceOp.SUM
+    assert ddp_hook._average_options(unregistered).reduceOp == torch.distributed.ReduceOp.SUM
+    assert ddp_hook._average_options(nccl) is ddp_hook._average_options(nccl)  # cached
 
 
 def _last_state(out: Path) -> schema.RankState:
