@@ -440,12 +440,13 @@ class HangTracker:
 
 
 # The SDK sends a heartbeat each second: 5 s without one (and no last word) is a dead process,
-# not a slow flush; a peer that beat within 2.5 s is alive. Failing peers' last heartbeats
-# reach the analyzer within about 2 s of the first; a rank that stopped by then (0.5 s slack
-# for its last flush) stopped first.
+# not a slow flush; a peer that beat within 2.5 s is alive. Failing peers' last heartbeats, and
+# the beats of peers still waiting, reach a collector within about 3 s of the first failure (a
+# flush interval, a POST, a retry); a rank that stopped by then (0.5 s slack for its last
+# flush) stopped first.
 _CRASH_SILENCE_S = 5.0
 _ALIVE_S = 2.5
-_PEERS_SETTLE_S = 2.0
+_PEERS_SETTLE_S = 3.0
 _BEAT_SLACK_S = 0.5
 
 

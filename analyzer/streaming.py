@@ -39,6 +39,7 @@ class _JobStream:
         self.cfg = cfg
         self.window = window_mod.StepWindow(job_id, cfg.stream_window_steps, num_ranks)
         self.hang = hangs.HangTracker(job_id, cfg.hang)
+        self.hang.expect_ranks(range(num_ranks))
         self.analysed: list[int] = []  # chronological steps analysed and still in the window
         self.num_analysed = 0
         self.next_step = -1  # lowest step not yet analysed
@@ -122,10 +123,10 @@ class _JobStream:
     def _expect(self, world_size: int) -> None:
         """Wait for `world_size` ranks: a step is not analysed before the ranks whose batches
         have not arrived yet report it (or the others move on without them)."""
+        self.hang.expect_ranks(range(world_size))
         if world_size > self.window.num_ranks:
             for rank in range(world_size):
                 self.window.column(rank)
-            self.hang.expect_ranks(range(world_size))
 
     # --- analysis ----------------------------------------------------------------------
     def _ready(self, step: int, quorum: int, force_upto: int) -> bool:

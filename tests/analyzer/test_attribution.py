@@ -89,7 +89,7 @@ def test_a_rank_killed_outright_is_the_crash_culprit(tracker: hangs.HangTracker)
     for rank in (0, 1, 2):  # their collectives broke when rank 3 vanished
         tracker.observe_heartbeat(_beat(rank, 105.2, schema.RankState.FAILED))
     assert tracker.check(105.5) is None  # the peers' last words may still be arriving
-    crash = tracker.check(107.5)
+    crash = tracker.check(108.5)
     assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [3]
     assert tracker.check(200.0) is None  # a crashed job is not also reported hung
 
@@ -129,7 +129,7 @@ def test_a_rank_that_died_before_sending_anything_is_the_culprit() -> None:
     t.observe_heartbeat(_beat(1, 101.0, schema.RankState.FAILED))
     t.observe_heartbeat(_beat(2, 101.1, schema.RankState.FAILED))
     t.observe_heartbeat(_beat(0, 102.0, schema.RankState.IN_COLLECTIVE))  # still waiting
-    crash = t.check(103.5)
+    crash = t.check(104.5)
     assert crash is not None and crash.subjects.ranks == [3]
 
 
@@ -179,3 +179,21 @@ def test_groups_moving_alike_are_no_slow_link() -> None:
     from vigil.analyzer import engine
 
     assert engine.analyze_records(_link_records(slow=1.2)) == []
+
+
+def test_streaming_names_a_rank_that_died_before_sending_anything() -> None:
+    from vigil.analyzer import streaming
+
+    analyzer = streaming.StreamingAnalyzer()
+    job = schema.Job(job_id="j", name="j", world_size=4)  # rank 0's, first: the window is sized
+    steps = [
+        schema.StepRecord(job_id="j", rank=r, step=s, start_s=100.0 + s, end_s=100.5 + s)
+        for s in range(6)
+        for r in range(3)
+    ]
+    analyzer.observe([job, *steps])
+    analyzer.observe([_beat(r, 106.0, schema.RankState.COMPUTE) for r in range(3)])
+    analyzer.observe([_beat(r, 106.4, schema.RankState.FAILED) for r in (1, 2)])
+    analyzer.observe([_beat(0, 107.5, schema.RankState.IN_COLLECTIVE)])  # waits for rank 3
+    found = [f for f in analyzer.tick(110.0) if f.kind == "crash"]
+    assert [f.subjects.ranks for f in found] == [[3]]
