@@ -95,27 +95,16 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
             reference=reference,
         )
 
+    stages = _stage_groups(a.stages)
     compute = smooth(a.compute_s())
-    c_flags, c_z, c_med = outliers(compute, _stage_groups(a.stages))
+    c_flags, c_z, c_med = outliers(compute, stages)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
         tokens = smooth(a.tokens)
-        t_flags, _, _ = robust.high_outliers(
-            tokens,
-            z_threshold=z,
-            min_excess=excess,
-            scale_floor=floor,
-            groups=_stage_groups(a.stages),
-        )
+        t_flags, _, _ = outliers(tokens, stages, reference=None)  # tokens: by their own median
         with np.errstate(all="ignore"):
             per_token = compute / np.where(tokens > 0, tokens, np.nan)
-        p_flags, _, _ = robust.high_outliers(
-            per_token,
-            z_threshold=z,
-            min_excess=excess,
-            scale_floor=floor,
-            groups=_stage_groups(a.stages),
-        )
+        p_flags, _, _ = outliers(per_token, stages, reference=None)
         explained = c_flags & t_flags & ~p_flags
         c_flags = c_flags & ~explained
     data = smooth(a.data_s)
