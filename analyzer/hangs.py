@@ -285,10 +285,6 @@ class HangTracker:
         self._last_beat[hb.rank] = max(self._last_beat.get(hb.rank, 0.0), hb.time_s)
         if hb.state is schema.RankState.FAILED:
             self._failed.setdefault(hb.rank, hb.time_s)
-        if hb.state is schema.RankState.FAILED and hb.last_group == "":
-            # A final heartbeat carries no position: keep the rank's last known one.
-            self._waits.pop(hb.rank, None)
-            return
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
 
     def threshold_s(self) -> float:

@@ -273,7 +273,7 @@ class _JobStream:
         return out
 
     def _imbalance(self) -> list[schema.Finding]:
-        a = self.window.view(self.analysed)
+        a = self.window.view(self.analysed, with_aggs=True)
         out = []
         found = imbalance.stage_findings(a, self.cfg.straggler)
         found.extend(links.detect(a, self.cfg.straggler))

@@ -189,15 +189,7 @@ class StepWindow:
         col_of = {rank: self.column(rank) for rank in {r.rank for r in records}}
         chunk = attribution.columns_of(records, row_of, col_of, self._keys)
         for row in np.unique(chunk.row).tolist():
-            mask = chunk.row == row
-            self._aggs.setdefault(row, []).append(
-                attribution.AggColumns(
-                    **{
-                        name: getattr(chunk, name)[mask]
-                        for name in attribution.AggColumns.__dataclass_fields__
-                    }
-                )
-            )
+            self._aggs.setdefault(row, []).append(chunk.take(chunk.row == row))
             self._dirty.add(row)
 
     def _attribute(self, rows: Sequence[int]) -> None:
@@ -206,13 +198,7 @@ class StepWindow:
             if row not in self._dirty:
                 continue
             self._dirty.discard(row)
-            chunks = self._aggs[row]
-            joined = attribution.AggColumns(
-                **{
-                    name: np.concatenate([getattr(c, name) for c in chunks])
-                    for name in attribution.AggColumns.__dataclass_fields__
-                }
-            )
+            joined = attribution.AggColumns.concat(self._aggs[row])
             joined.row = np.zeros_like(joined.row)
             result = attribution.attribute(joined, (1, self._width))
             for name in _ATTRIBUTED:
@@ -233,8 +219,9 @@ class StepWindow:
             harmful = int(value) & arrays_mod.HARMFUL_THROTTLE_BITS
             self._data["throttled"][row, col] = 1.0 if harmful else 0.0
 
-    def view(self, steps: Sequence[int]) -> arrays_mod.StepArrays:
-        """Chronological arrays of `steps` (which must still be in the window).
+    def view(self, steps: Sequence[int], *, with_aggs: bool = False) -> arrays_mod.StepArrays:
+        """Chronological arrays of `steps` (which must still be in the window); `with_aggs`:
+        with their collective aggregates too (for the slow-link detector, not per batch).
 
         One step is a view into the ring (no copy): use it before the ring moves on.
         """
@@ -251,7 +238,7 @@ class StepWindow:
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
         ids = np.asarray(self._rank_ids, dtype=np.int64)
         parts = []
-        for i, step in enumerate(steps):
+        for i, step in enumerate(steps if with_aggs else ()):
             for chunk in self._aggs.get(step % self.capacity, []):
                 part = chunk.take(chunk.col < n)
                 part.row = np.full_like(part.row, i)
@@ -268,7 +255,7 @@ class StepWindow:
             comm_wait_s=d["comm_wait_s"] + np.nan_to_num(d["hidden_wait_s"]),
             transfer_s=d["transfer_s"],
             wait_s=d["wait_s"],
-            aggs=attribution.AggColumns.concat(parts),
+            aggs=attribution.AggColumns.concat(parts) if with_aggs else None,
             agg_keys=tuple(sorted(self._keys, key=self._keys.__getitem__)),
             tokens=d["tokens"],
             mfu=d["mfu"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vigil.recovery.local import free_port
+
 TRAIN = Path(__file__).with_name("train.py")
+
+__all__ = ["Launch", "free_port", "launch"]
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,6 @@ class Launch:
     exit_codes: list[int]
     seconds: float
     logs: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(
