@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from vigil import schema
 
+_SUMMARY_CHARS = 4096  # schema.LongText
+
 
 def finding_id(job_id: str, kind: schema.FindingKind, subjects: schema.Subjects, step: int) -> str:
     """A stable id: the same episode of the same fault on the same subjects gets the same id.
@@ -40,7 +42,18 @@ def make_finding(
     trace_end_s: float = 0.0,
     state: schema.FindingState = schema.FindingState.OPEN,
 ) -> schema.Finding:
-    """A Finding with a stable id and its confidence clamped to [0, 1]."""
+    """A Finding with a stable id and its confidence clamped to [0, 1]; subjects, evidence and
+    summary cut to the wire's bounds (`schema.MAX_SUBJECTS`, ...), so it always travels."""
+    limit = schema.MAX_SUBJECTS
+    if max(map(len, (subjects.ranks, subjects.nodes, subjects.devices, subjects.links))) > limit:
+        subjects = schema.Subjects(
+            ranks=subjects.ranks[:limit],
+            nodes=subjects.nodes[:limit],
+            devices=subjects.devices[:limit],
+            links=subjects.links[:limit],
+        )
+    if len(summary) > _SUMMARY_CHARS:
+        summary = summary[: _SUMMARY_CHARS - 1] + "…"
     return schema.Finding(
         finding_id=finding_id(job_id, kind, subjects, step_start),
         kind=kind,
@@ -49,7 +62,7 @@ def make_finding(
         step_start=step_start,
         step_end=step_end,
         summary=summary,
-        evidence=list(evidence),
+        evidence=list(evidence[: schema.MAX_EVIDENCE]),
         confidence=min(1.0, max(0.0, float(confidence))),
         detected_s=max(0.0, detected_s),
         state=state,

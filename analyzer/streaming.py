@@ -124,9 +124,7 @@ class _JobStream:
         """Wait for `world_size` ranks: a step is not analysed before the ranks whose batches
         have not arrived yet report it (or the others move on without them)."""
         self.hang.expect_ranks(range(world_size))
-        if world_size > self.window.num_ranks:
-            for rank in range(world_size):
-                self.window.column(rank)
+        self.window.declared = max(self.window.declared, world_size)
 
     # --- analysis ----------------------------------------------------------------------
     def _ready(self, step: int, quorum: int, force_upto: int) -> bool:
@@ -139,19 +137,26 @@ class _JobStream:
             return True
         row = step % self.window.capacity
         return bool(
-            self.window.row_step[row] == step and self.window.reported[row] >= self.window.num_ranks
+            self.window.row_step[row] == step and self.window.reported[row] >= self.window.expected
         )
 
     def _analyse_ready(self, force_upto: int = -1) -> list[schema.Finding]:
+        """Analyse the steps that became ready, oldest first. Only steps the ring holds are
+        visited (a jump in step numbers costs nothing): a step no rank reported is passed once
+        it would be ready itself (the ranks moved on without it)."""
         ready: list[int] = []
         quorum = self.window.quorum_step()
-        while self.next_step >= 0 and self._ready(self.next_step, quorum, force_upto):
-            step = self.next_step
-            self.next_step += 1
-            row = step % self.window.capacity
-            if self.window.row_step[row] != step or self.window.reported[row] == 0:
-                continue  # no rank reported this step
-            ready.append(step)
+        held = self.window.row_step
+        for step in np.sort(held[held >= max(self.next_step, 0)]).tolist():
+            if self.next_step < 0:
+                break
+            if step > self.next_step and not self._ready(step - 1, quorum, force_upto):
+                break  # a step between the last analysed and this one may still come
+            if not self._ready(step, quorum, force_upto):
+                break
+            self.next_step = step + 1
+            if self.window.reported[step % self.window.capacity]:
+                ready.append(step)
         if not ready:
             return []
         # Score all ready steps in one vectorised call: each step's row is smoothed over the

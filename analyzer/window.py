@@ -73,13 +73,19 @@ class StepWindow:
         self._aggs: dict[int, list[attribution.AggColumns]] = {}
         self._dirty: set[int] = set()
         self._keys: dict[tuple[str, str], int] = {}
-        self._grow(num_ranks)
-        for rank in range(num_ranks):
-            self.column(rank)
+        # Ranks the job declared (its world size): waited for before a step is analysed, but
+        # given columns only when they report, so memory follows the ranks that report.
+        self.declared = num_ranks
 
     @property
     def num_ranks(self) -> int:
+        """Ranks that reported something (each has a column)."""
         return len(self._rank_ids)
+
+    @property
+    def expected(self) -> int:
+        """Ranks a step waits for: those that reported, or all the job declared."""
+        return max(self.num_ranks, self.declared)
 
     def column(self, rank: int) -> int:
         col = self._cols.get(rank)
@@ -177,7 +183,12 @@ class StepWindow:
         newest = self.rank_newest[: self.num_ranks]
         if newest.size == 0:
             return -1
-        return int(np.quantile(newest, share, method="lower"))
+        # Declared ranks that never reported count as having reported nothing (-1).
+        silent = self.expected - newest.size
+        position = int(share * (self.expected - 1))
+        if position < silent:
+            return -1
+        return int(np.partition(newest, position - silent)[position - silent])
 
     def add_aggregates(
         self, records: Sequence[schema.CollectiveAggregate], oldest_allowed: int

@@ -28,6 +28,7 @@ from vigil.collector.hook import AnalyzerRunner, StreamAnalyzer
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store, StoreConfig
+from vigil.collector.world import WorldSizes
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,20 @@ def create_app(
         store_size=store.size_bytes,
         analyzer_pending=lambda: float(runner_box[0].pending) if runner_box else 0.0,
     )
-    ctx = CollectorContext(settings=settings, store=store, metrics=metrics, clock=clock)
+    ctx = CollectorContext(
+        settings=settings,
+        store=store,
+        metrics=metrics,
+        clock=clock,
+        world_sizes=WorldSizes(store.world_sizes),
+    )
     if analyzer is not None:
         ctx.runner = AnalyzerRunner(
-            analyzer, store_findings=store.store_findings, on_error=metrics.analyzer_errors.inc
+            analyzer,
+            store_findings=store.store_findings,
+            on_error=metrics.analyzer_errors.inc,
+            on_drop=metrics.analyzer_dropped.inc,
+            max_pending=settings.analyzer_max_pending,
         )
         runner_box.append(ctx.runner)
     app = FastAPI(

@@ -17,6 +17,7 @@ from vigil.collector.hook import AnalyzerRunner
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store
+from vigil.collector.world import WorldSizes
 
 _encoder = msgspec.json.Encoder()
 
@@ -27,6 +28,7 @@ class CollectorContext:
     store: Store
     metrics: CollectorMetrics
     clock: Callable[[], float]
+    world_sizes: WorldSizes
     runner: AnalyzerRunner | None = None
 
 

@@ -75,6 +75,12 @@ def insert_ignore(conn: Connection, table: Table, row: dict[str, Any]) -> bool:
     return conn.execute(stmt.returning(key)).first() is not None
 
 
+def insert_missing(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert the rows whose primary key is not there yet; leave the others as they are."""
+    insert = postgresql.insert if conn.dialect.name == POSTGRESQL else sqlite.insert
+    conn.execute(insert(table).on_conflict_do_nothing(), list(rows))
+
+
 def _quote(conn: Connection, name: str) -> str:
     return str(conn.dialect.identifier_preparer.quote(name))
 

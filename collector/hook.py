@@ -39,7 +39,12 @@ class TickingAnalyzer(StreamAnalyzer, Protocol):
 
 
 class AnalyzerRunner:
-    """Feeds an analyzer on one thread and stores what it finds; counts its failures."""
+    """Feeds an analyzer on one thread and stores what it finds; counts its failures.
+
+    The queue is bounded: past `max_pending` queued calls a batch is dropped (and counted
+    through `on_drop`) rather than queued, so a slow analyzer never holds ingest's memory or
+    time; a tick is skipped while another is still queued.
+    """
 
     def __init__(
         self,
@@ -47,12 +52,19 @@ class AnalyzerRunner:
         *,
         store_findings: Callable[[Sequence[schema.Finding]], None],
         on_error: Callable[[], None] = lambda: None,
+        on_drop: Callable[[], None] = lambda: None,
+        max_pending: int = 1024,
     ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.analyzer = analyzer
         self._store_findings = store_findings
         self._on_error = on_error
+        self._on_drop = on_drop
+        self._max_pending = max_pending
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vigil-analyzer")
         self._pending = 0
+        self._tick_queued = False
         self._lock = threading.Lock()
 
     @property
@@ -62,18 +74,38 @@ class AnalyzerRunner:
 
     def submit(
         self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
-    ) -> Future[None]:
+    ) -> Future[None] | None:
+        """Queue one committed batch; None when the queue was full and the batch was dropped."""
         return self._submit(lambda: self.analyzer.observe(records, steps))
 
     def tick(self, now_s: float) -> Future[None] | None:
         analyzer = self.analyzer
         if not isinstance(analyzer, TickingAnalyzer):
             return None
-        return self._submit(lambda: analyzer.tick(now_s))
-
-    def _submit(self, call: Callable[[], Sequence[schema.Finding]]) -> Future[None]:
         with self._lock:
-            self._pending += 1
+            if self._tick_queued:
+                return None
+            self._tick_queued = True
+
+        def call() -> Sequence[schema.Finding]:
+            self._tick_queued = False
+            return analyzer.tick(now_s)
+
+        future = self._submit(call)
+        if future is None:
+            self._tick_queued = False
+        return future
+
+    def _submit(self, call: Callable[[], Sequence[schema.Finding]]) -> Future[None] | None:
+        with self._lock:
+            if self._pending >= self._max_pending:
+                full = True
+            else:
+                full = False
+                self._pending += 1
+        if full:
+            self._on_drop()
+            return None
         return self._executor.submit(self._run, call)
 
     def _run(self, call: Callable[[], Sequence[schema.Finding]]) -> None:

@@ -55,6 +55,11 @@ class CollectorMetrics:
             "Streaming-analyzer calls that raised.",
             registry=self.registry,
         )
+        self.analyzer_dropped = Counter(
+            _name("analyzer_dropped_batches", Unit.NONE, MetricKind.COUNTER),
+            "Committed batches the streaming analyzer never saw: its queue was full.",
+            registry=self.registry,
+        )
         store_gauge = Gauge(
             _name("store_size", Unit.BYTES, MetricKind.GAUGE),
             "Bytes the store occupies (SQLite files or the PostgreSQL database).",

@@ -27,6 +27,24 @@ def list_jobs(conn: Connection, *, limit: int, offset: int) -> list[dict[str, An
     )
 
 
+def world_sizes(conn: Connection, job_ids: list[str]) -> dict[str, int]:
+    """Declared world sizes of `job_ids` (their Job record's, else their ranks' largest)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(job_ids), 500):  # bounded IN lists
+        chunk = job_ids[start : start + 500]
+        ranks = tables.ranks
+        query = (
+            select(ranks.c.job_id, func.max(ranks.c.world_size))
+            .where(ranks.c.job_id.in_(chunk))
+            .group_by(ranks.c.job_id)
+        )
+        found.update({job: int(size) for job, size in conn.execute(query) if size})
+        jobs = tables.jobs
+        query = select(jobs.c.job_id, jobs.c.world_size).where(jobs.c.job_id.in_(chunk))
+        found.update({job: int(size) for job, size in conn.execute(query) if size})
+    return found
+
+
 def get_job(conn: Connection, job_id: str) -> dict[str, Any] | None:
     rows = _rows(conn, select(tables.jobs).where(tables.jobs.c.job_id == job_id))
     return rows[0] if rows else None

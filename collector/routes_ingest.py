@@ -45,10 +45,22 @@ def _decode(ctx: CollectorContext, body: bytes) -> tuple[schema.Batch, validate.
     batch, steps = codec.decode_frame(
         body,
         max_bytes=ctx.settings.max_batch_bytes,
+        max_decompressed_bytes=ctx.settings.max_batch_inflated_bytes,
         max_records=ctx.settings.max_batch_records,
     )
-    # Checked inside the store's transaction (step records while the database digests them).
-    return batch, validate.prepare_batch(batch.records, steps)
+    validate.check_envelope(batch)
+    # Values are checked inside the store's transaction (step records while the database
+    # digests them); ranks against their jobs' world sizes here.
+    checked = validate.prepare_batch(batch.records, steps)
+    jobs = {getattr(r, "job_id", "") for r in batch.records}
+    if steps is not None:
+        jobs |= steps.jobs()
+    declared = validate.declared_world_sizes(batch.records)
+    # Names the store cannot hold are refused with the values (NUL characters), not looked up.
+    storable = {job for job in jobs | set(declared) if job and "\x00" not in job}
+    world = ctx.world_sizes.lookup(storable, {j: declared[j] for j in storable if j in declared})
+    validate.check_world(checked, world, ctx.settings.max_world_size)
+    return batch, checked
 
 
 def _refused(

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from vigil import codec
+from vigil.collector import validate
 from vigil.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class CollectorSettings(CommonSettings):
     # The codec's own bounds: 32 MiB on the wire, 1M records per batch (see vigil.codec).
     max_batch_bytes: int = Field(default=codec.DEFAULT_MAX_BYTES, ge=1024)
     max_batch_records: int = Field(default=codec.DEFAULT_MAX_RECORDS, ge=1)
+    max_batch_inflated_bytes: int = Field(default=codec.DEFAULT_MAX_DECOMPRESSED_BYTES, ge=1024)
+    # The largest world size a job may declare (and so the largest rank + 1): above the largest
+    # training jobs run today, and it bounds what one job can make the collector allocate.
+    max_world_size: int = Field(default=131_072, ge=1, le=validate.MAX_RANK + 1)
     # Kineto traces are tens of MB; 256 MiB leaves room for a large rank's window.
     max_trace_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # Raw samples, heartbeats and collective events expire after 7 days; step records stay.
@@ -64,6 +69,9 @@ class CollectorSettings(CommonSettings):
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     # Hang detection needs a tick when no records arrive; once a second matches heartbeat rates.
     analyzer_tick_s: float = Field(default=1.0, gt=0)
+    # Batches queued for the streaming analyzer; past it a batch is stored but not analysed
+    # (counted in vigil_collector_analyzer_dropped_batches_total), so ingest never waits for it.
+    analyzer_max_pending: int = Field(default=1024, ge=1)
 
     @field_validator("ingest_tokens", "read_tokens", mode="before")
     @classmethod

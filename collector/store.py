@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from vigil import columns, schema
-from vigil.collector import dialects, migrate, tables, validate, writes
+from vigil.collector import dialects, migrate, queries, tables, validate, writes
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,11 @@ class Store:
             counts=written.counts,
             steps=written.steps,
         )
+
+    def world_sizes(self, job_ids: list[str]) -> dict[str, int]:
+        """Declared world sizes of `job_ids` (jobs never declared are left out)."""
+        with self.read() as conn:
+            return queries.world_sizes(conn, job_ids)
 
     def store_findings(self, findings: Sequence[schema.Finding]) -> None:
         """Upsert findings by id (the analyzer's output)."""

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 import numpy as np
+import numpy.typing as npt
 
 from vigil import columns, schema
 from vigil.codec import DecodeError
@@ -192,7 +193,6 @@ _STEP_PLAN = _PLANS[schema.StepRecord]
 _STEP_FLOATS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.floats]
 _STEP_INTS = [columns.index(_STEP_FIELDS[i]) for i in _STEP_PLAN.ints]
 _STEP_FLOAT_NAMES = [_STEP_FIELDS[i] for i in _STEP_PLAN.floats]
-_STEP_INT_NAMES = [_STEP_FIELDS[i] for i in _STEP_PLAN.ints]
 assert [_STEP_FIELDS[i] for i in _STEP_PLAN.strings] == ["job_id"], "step text: job_id only"
 
 
@@ -219,12 +219,9 @@ def _check_step_columns(steps: columns.StepColumns) -> None:
             i = int(bad[0])
             problem = f"record {i}: must be a finite number, got {values[i, position]}"
             raise DecodeError("StepRecord", name, problem)
-    for position, name in zip(_STEP_INTS, _STEP_INT_NAMES, strict=True):
-        bad = np.flatnonzero(np.abs(values[:, position]) >= float(INT64_MAX))
-        if bad.size:
-            raise DecodeError(
-                "StepRecord", name, f"record {int(bad[0])}: does not fit in a signed 64-bit integer"
-            )
+    # Integers need no check here: block rows are whole numbers below 2**53 (`columns`), and
+    # record rows were checked exactly, record by record, before (a float64 comparison would
+    # refuse 2**63 - 1, which fits).
     ranks = np.flatnonzero(steps.column("rank") > MAX_RANK)
     if ranks.size:
         i = int(ranks[0])
@@ -238,6 +235,98 @@ def _check_step_columns(steps: columns.StepColumns) -> None:
         if "\x00" in job:
             problem = f"record {i}: must not contain NUL characters"
             raise DecodeError("StepRecord", "job_id", problem)
+
+
+def check_envelope(batch: schema.Batch) -> None:
+    """Raise DecodeError when the batch's own fields cannot be stored (NUL characters)."""
+    for field in ("batch_id", "source"):
+        if "\x00" in getattr(batch, field):
+            raise DecodeError("Batch", field, "must not contain NUL characters")
+
+
+# Record types whose `rank` is a rank of their job (Sample's -1 means "no rank").
+_RANKED = (
+    schema.StepRecord,
+    schema.CollectiveAggregate,
+    schema.CollectiveEvent,
+    schema.Heartbeat,
+    schema.RankInfo,
+    schema.Sample,
+)
+
+
+def declared_world_sizes(records: Sequence[schema.Record]) -> dict[str, int]:
+    """World sizes a batch declares itself: its Job records, else its ranks' RankInfo."""
+    declared: dict[str, int] = {}
+    for record in records:
+        if type(record) is schema.RankInfo and record.world_size:
+            declared[record.job_id] = max(declared.get(record.job_id, 0), record.world_size)
+    for record in records:
+        if type(record) is schema.Job:
+            declared[record.job_id] = record.world_size
+    return declared
+
+
+def check_world(checked: Checked, world_sizes: dict[str, int], max_world_size: int) -> None:
+    """Raise DecodeError for a declared world size above `max_world_size`, or a rank at or past
+    its job's world size (`world_sizes`; jobs not in it: past `max_world_size`). Ranks tied
+    to the job keep storage and analysis proportional to ranks that exist."""
+    for cls in (schema.Job, schema.RankInfo):
+        for i, record in enumerate(checked.groups.get(cls, ())):
+            if record.world_size > max_world_size:
+                raise DecodeError(
+                    cls.__name__,
+                    "world_size",
+                    f"record {i}: world size {record.world_size} exceeds the collector's limit "
+                    f"of {max_world_size} (VIGIL_MAX_WORLD_SIZE)",
+                )
+    for cls in _RANKED:
+        if cls is schema.StepRecord:
+            continue
+        for i, record in enumerate(checked.groups.get(cls, ())):
+            job = record.job_id
+            world = world_sizes.get(job, max_world_size)
+            if record.rank >= world:
+                problem = _past_world(i, record.rank, job, world, job in world_sizes)
+                raise DecodeError(cls.__name__, "rank", problem)
+    if checked.block is not None:
+        block = checked.block
+        _check_step_ranks(block.column("rank"), block.job_ids, world_sizes, max_world_size)
+    rows = checked.rows.get(schema.StepRecord)
+    if rows:  # step records that came as records (their rows include any block's)
+        ranks = np.fromiter(map(itemgetter(_STEP_RANK), rows), dtype=np.float64, count=len(rows))
+        jobs = list(map(itemgetter(_STEP_JOB), rows))
+        _check_step_ranks(ranks, jobs, world_sizes, max_world_size)
+
+
+_STEP_RANK = schema.StepRecord.__struct_fields__.index("rank")
+_STEP_JOB = schema.StepRecord.__struct_fields__.index("job_id")
+
+
+def _check_step_ranks(
+    ranks: npt.NDArray[np.float64],
+    job_ids: list[str],
+    world_sizes: dict[str, int],
+    max_world_size: int,
+) -> None:
+    jobs = set(job_ids)
+    if len(jobs) == 1:
+        limit = np.full(len(ranks), world_sizes.get(jobs.pop(), max_world_size), dtype=float)
+    else:
+        limit = np.fromiter(
+            (world_sizes.get(j, max_world_size) for j in job_ids), float, len(job_ids)
+        )
+    past = np.flatnonzero(ranks >= limit)
+    if past.size:
+        i = int(past[0])
+        job = job_ids[i]
+        problem = _past_world(i, int(ranks[i]), job, int(limit[i]), job in world_sizes)
+        raise DecodeError("StepRecord", "rank", problem)
+
+
+def _past_world(i: int, rank: int, job: str, world: int, declared: bool) -> str:
+    why = f"job {job!r} declared" if declared else f"no declared size for job {job!r}: the limit"
+    return f"record {i}: rank {rank} is not below world size {world} ({why})"
 
 
 def _fast_ok(plan: _Plan, rows: list[tuple[Any, ...]]) -> bool:

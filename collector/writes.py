@@ -71,6 +71,7 @@ def write_records(
         if not checked.verified:
             validate.verify_group(record_type, group, rows)
         _WRITERS[record_type](conn, group, received_s, rows)
+    _placeholder_jobs(conn, checked, received_s)
     counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
     if schema.StepRecord in checked.groups:  # block rows have no record objects
         counts[_TAGS[schema.StepRecord]] = checked.step_count
@@ -192,6 +193,32 @@ def _jobs(conn: Connection, records: list[schema.Job], received_s: float, rows: 
     for row in dicts:
         row.setdefault("model", None)
     dialects.upsert(conn, tables.jobs, dicts)
+
+
+def _placeholder_jobs(conn: Connection, checked: validate.Checked, received_s: float) -> None:
+    """A jobs row (world size 0: not declared yet) for every job the batch reports on without
+    a Job record, so a job known only from its ranks' records is listed; its Job record, when
+    it comes, replaces the row."""
+    jobs: set[str] = set()
+    if checked.block is not None:
+        jobs |= checked.block.jobs()
+    for cls in (schema.StepRecord, schema.RankInfo, schema.Heartbeat):
+        jobs.update(r.job_id for r in checked.groups.get(cls, ()))
+    jobs.difference_update(r.job_id for r in checked.groups.get(schema.Job, ()))
+    if not jobs:
+        return
+    placeholder = {
+        "name": "",
+        "world_size": 0,
+        "layout": {},
+        "model": None,
+        "device_kind": "",
+        "peak_flops": 0.0,
+        "state": str(schema.JobState.RUNNING),
+        "created_s": received_s,
+        "updated_s": received_s,
+    }
+    dialects.insert_missing(conn, tables.jobs, [{"job_id": j, **placeholder} for j in sorted(jobs)])
 
 
 def _upserter(table: Table) -> Callable[[Connection, list[Any], float, Rows], None]:

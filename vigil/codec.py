@@ -24,21 +24,36 @@ MAGIC = b"VGL"
 FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
 
-# 32 MiB on the wire and 256 MiB inflated hold ~1M step records: far above one shipment of a
-# 10,000-rank job's step, far below what would let one sender exhaust a collector's memory.
+# 32 MiB on the wire, 64 MiB inflated and 100,000 records: ten steps of a 10,000-rank job per
+# batch (senders ship at most 5,000 records a batch), while one batch's decoded objects stay
+# near 50 MB, so a few small hostile frames cannot exhaust a collector's memory.
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_RECORDS = 1_000_000
+DEFAULT_MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_RECORDS = 100_000
 # zstd level 3 is zstd's own default: ~4x on step records at hundreds of MB/s per core.
 ZSTD_LEVEL = 3
 
 T = TypeVar("T")
 
+
+class _BatchHead(msgspec.Struct, kw_only=True):
+    """A batch with its records and step block left undecoded: decoded first, so the record
+    count is known (from the msgpack array header) before any record is built."""
+
+    v: int
+    batch_id: schema.Name
+    sent_s: schema.NonNegFloat = 0.0
+    source: schema.Text = ""
+    records: msgspec.Raw = msgspec.Raw(b"\x90")  # an empty msgpack array
+    steps: schema.StepBlock | None = None
+
+
 _msgpack_encoder = msgspec.msgpack.Encoder()
-_batch_decoder = msgspec.msgpack.Decoder(schema.Batch)
+_head_decoder = msgspec.msgpack.Decoder(_BatchHead)
+_records_decoder = msgspec.msgpack.Decoder(list[schema.Record])
 _json_encoder = msgspec.json.Encoder()
 _record_json_decoder = msgspec.json.Decoder(schema.Record)
-_PATH_RE = re.compile(r"^\$\.records\[(\d+)\](?:\.(.*))?$")
+_PATH_RE = re.compile(r"^\$(?:\.records)?\[(\d+)\](?:\.(.*))?$")
 
 
 class DecodeError(ValueError):
@@ -133,24 +148,50 @@ def decode_frame(
     if flags & FLAG_ZSTD:
         payload = _decompress(payload, max_decompressed_bytes)
     try:
-        batch = _batch_decoder.decode(payload)
+        head = _head_decoder.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _explain(payload, exc) from exc
-    if batch.v not in schema.SUPPORTED_VERSIONS:
-        raise _wrong_version(batch.v)
-    steps = None
-    count = len(batch.records)
-    if batch.steps is not None:
+    if head.v not in schema.SUPPORTED_VERSIONS:
+        raise _wrong_version(head.v)
+    count = _array_length(head.records)
+    if head.steps is not None:
         # Bounded before unpacking: 8 bytes per value, at least the required columns.
-        count += len(batch.steps.values) // (8 * max(len(batch.steps.fields), 1))
+        count += len(head.steps.values) // (8 * max(len(head.steps.fields), 1))
     if count > max_records:
         raise DecodeError("Batch", "records", f"{count} records exceeds the {max_records} limit")
+    try:
+        records = _records_decoder.decode(head.records)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _explain(head.records, exc, records=True) from exc
+    batch = schema.Batch(
+        v=head.v,
+        batch_id=head.batch_id,
+        sent_s=head.sent_s,
+        source=head.source,
+        records=records,
+        steps=head.steps,
+    )
+    steps = None
     if batch.steps is not None:
         try:
             steps = columns.from_block(batch.steps)
         except columns.BlockError as exc:
             raise DecodeError("StepRecord", exc.field, exc.problem) from exc
     return batch, steps
+
+
+def _array_length(raw: msgspec.Raw) -> int:
+    """Elements of the msgpack array `raw` holds, from its header alone (0: not an array, which
+    decoding it then reports)."""
+    head = memoryview(raw)[:5]
+    first = head[0] if len(head) else 0
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC and len(head) >= 3:
+        return int.from_bytes(head[1:3], "big")
+    if first == 0xDD and len(head) >= 5:
+        return int.from_bytes(head[1:5], "big")
+    return 0
 
 
 def _decompress(payload: bytes, limit: int) -> bytes:
@@ -193,35 +234,49 @@ def _wrong_version(version: object) -> DecodeError:
     )
 
 
-def _explain(payload: bytes, exc: Exception) -> DecodeError:
-    """Turn a msgspec error into a DecodeError that names record type and field."""
+def _explain(payload: bytes | msgspec.Raw, exc: Exception, *, records: bool = False) -> DecodeError:
+    """Turn a msgspec error into a DecodeError that names record type and field (`records`:
+    `payload` is the batch's record array, already counted, rather than the whole batch)."""
     if not isinstance(exc, msgspec.ValidationError):  # malformed or truncated bytes
-        return DecodeError("Batch", "<payload>", str(exc))
+        return DecodeError("Batch", "records" if records else "<payload>", str(exc))
     message, _, path = str(exc).partition(" - at `")
     path = path.rstrip("`")
-    try:
-        raw = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError:
-        raw = None
-    if isinstance(raw, dict) and raw.get("v", schema.SCHEMA_VERSION) not in (
-        schema.SUPPORTED_VERSIONS
-    ):
-        return _wrong_version(raw.get("v"))
+    if not records:
+        try:
+            version = msgspec.msgpack.decode(payload, type=_Version).v
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            version = schema.SCHEMA_VERSION
+        if version not in schema.SUPPORTED_VERSIONS:
+            return _wrong_version(version)
     match = _PATH_RE.match(path)
     if match is None:
         field = path.removeprefix("$.") if path.startswith("$.") else "<payload>"
-        return DecodeError("Batch", field or "<payload>", message)
+        return DecodeError("Batch", "records" if records else (field or "<payload>"), message)
     index, field = int(match.group(1)), match.group(2) or "<record>"
-    return DecodeError(_record_type_at(raw, index), field, message)
+    return DecodeError(_record_type_at(payload, index), field, message)
 
 
-def _record_type_at(raw: Any, index: int) -> str:
+def _record_type_at(records: bytes | msgspec.Raw, index: int) -> str:
+    """The type tag of record `index` of a record array, decoding only that record's tag."""
     try:
-        tag = raw["records"][index]["type"]
-    except (KeyError, IndexError, TypeError):
+        tags = msgspec.msgpack.decode(records, type=list[_Tag])
+        tag = tags[index].type
+    except (msgspec.DecodeError, msgspec.ValidationError, IndexError):
         return "Record"
     cls = schema.RECORD_TAGS.get(tag) if isinstance(tag, str) else None
     return cls.__name__ if cls is not None else f"Record(type={tag!r})"
+
+
+class _Version(msgspec.Struct):
+    """Only a batch's schema version (the rest is skipped)."""
+
+    v: Any = schema.SCHEMA_VERSION
+
+
+class _Tag(msgspec.Struct):
+    """Only a record's `type` tag (the rest is skipped)."""
+
+    type: Any = None
 
 
 def encode_json(record: schema.Record) -> bytes:

@@ -63,3 +63,9 @@ class EnvVar(enum.StrEnum):
     MAINTENANCE_INTERVAL_S = "VIGIL_MAINTENANCE_INTERVAL_S"
     # How often (seconds) the collector ticks the streaming analyzer for hang detection.
     ANALYZER_TICK_S = "VIGIL_ANALYZER_TICK_S"
+    # Most bytes one batch may inflate to after zstd decompression.
+    MAX_BATCH_INFLATED_BYTES = "VIGIL_MAX_BATCH_INFLATED_BYTES"
+    # The largest world size a job may declare; ranks must lie below their job's world size.
+    MAX_WORLD_SIZE = "VIGIL_MAX_WORLD_SIZE"
+    # Batches queued for the streaming analyzer before new ones are stored but not analysed.
+    ANALYZER_MAX_PENDING = "VIGIL_ANALYZER_MAX_PENDING"

@@ -24,6 +24,14 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# Every string and list on the wire is bounded (decoders refuse longer ones before building
+# them), so a record's size on the wire bounds what it costs to decode and store.
+Text = Annotated[str, msgspec.Meta(max_length=256)]
+LongText = Annotated[str, msgspec.Meta(max_length=4096)]
+MAX_SUBJECTS = 4096  # ranks, nodes, devices or links one finding names
+MAX_EVIDENCE = 64  # evidence entries of one finding
+MAX_STEP_FIELDS = 64  # columns of a step block
+MAX_BLOCK_JOBS = 4096  # distinct jobs of one step block
 
 
 class JobState(enum.StrEnum):
@@ -123,11 +131,11 @@ class ModelShape(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Job(_Record, tag="job", kw_only=True):
     job_id: Name
-    name: str = ""
+    name: Text = ""
     world_size: Annotated[int, msgspec.Meta(ge=1)]
     layout: ParallelLayout = msgspec.field(default_factory=ParallelLayout)
     model: ModelShape | None = None
-    device_kind: str = ""
+    device_kind: Text = ""
     peak_flops: NonNegFloat = 0.0
     state: JobState = JobState.RUNNING
     created_s: NonNegFloat = 0.0
@@ -138,9 +146,9 @@ class RankInfo(_Record, tag="rank", kw_only=True):
     rank: NonNegInt
     node: Name
     local_rank: NonNegInt = 0
-    device_uuid: str = ""
+    device_uuid: Text = ""
     pid: NonNegInt = 0
-    pod: str = ""
+    pod: Text = ""
     # The job's world size as this rank sees it (0: unknown, older senders): every rank sends
     # it, so a streaming analyzer knows how many ranks to wait for before rank 0's Job arrives.
     world_size: NonNegInt = 0
@@ -207,7 +215,7 @@ class CollectiveEvent(_Record, tag="coll_event", kw_only=True):
     seq: NonNegInt
     op: Name
     bytes: NonNegInt = 0
-    dtype: str = ""
+    dtype: Text = ""
     step: NonNegInt = 0
     enqueue_s: NonNegFloat = 0.0
     start_s: NonNegFloat = 0.0
@@ -219,9 +227,9 @@ class Heartbeat(_Record, tag="heartbeat", kw_only=True):
     rank: NonNegInt
     time_s: NonNegFloat
     last_step: int = -1
-    last_group: str = ""
+    last_group: Text = ""
     last_seq: NonNegInt = 0
-    last_op: str = ""
+    last_op: Text = ""
     state: RankState = RankState.COMPUTE
 
 
@@ -232,19 +240,27 @@ class Sample(_Record, tag="sample", kw_only=True):
     time_s: NonNegFloat
     metric: Name
     value: float
-    device: str = ""
-    job_id: str = ""
+    device: Text = ""
+    job_id: Text = ""
     rank: int = -1
-    pod: str = ""
+    pod: Text = ""
 
 
 class Subjects(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Who a finding is about. Links are "nodeA<->nodeB" strings."""
 
-    ranks: list[NonNegInt] = msgspec.field(default_factory=list)
-    nodes: list[str] = msgspec.field(default_factory=list)
-    devices: list[str] = msgspec.field(default_factory=list)
-    links: list[str] = msgspec.field(default_factory=list)
+    ranks: Annotated[list[NonNegInt], msgspec.Meta(max_length=MAX_SUBJECTS)] = msgspec.field(
+        default_factory=list
+    )
+    nodes: Annotated[list[Text], msgspec.Meta(max_length=MAX_SUBJECTS)] = msgspec.field(
+        default_factory=list
+    )
+    devices: Annotated[list[Text], msgspec.Meta(max_length=MAX_SUBJECTS)] = msgspec.field(
+        default_factory=list
+    )
+    links: Annotated[list[Text], msgspec.Meta(max_length=MAX_SUBJECTS)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class Evidence(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -253,8 +269,8 @@ class Evidence(msgspec.Struct, kw_only=True, omit_defaults=True):
     metric: Name
     observed: float
     baseline: float | None = None
-    unit: str = ""
-    note: str = ""
+    unit: Text = ""
+    note: LongText = ""
 
 
 class Finding(_Record, tag="finding", kw_only=True):
@@ -264,8 +280,10 @@ class Finding(_Record, tag="finding", kw_only=True):
     subjects: Subjects = msgspec.field(default_factory=Subjects)
     step_start: int = -1
     step_end: int = -1
-    summary: str = ""
-    evidence: list[Evidence] = msgspec.field(default_factory=list)
+    summary: LongText = ""
+    evidence: Annotated[list[Evidence], msgspec.Meta(max_length=MAX_EVIDENCE)] = msgspec.field(
+        default_factory=list
+    )
     confidence: Fraction = 0.0
     detected_s: NonNegFloat = 0.0
     state: FindingState = FindingState.OPEN
@@ -277,12 +295,12 @@ class Action(_Record, tag="action", kw_only=True):
     action_id: Name
     kind: ActionKind
     job_id: Name
-    target: str = ""
-    finding_id: str = ""
+    target: Text = ""
+    finding_id: Text = ""
     state: ActionState = ActionState.PENDING
     start_s: NonNegFloat = 0.0
     end_s: NonNegFloat = 0.0
-    result: str = ""
+    result: LongText = ""
 
 
 class Checkpoint(_Record, tag="checkpoint", kw_only=True):
@@ -298,10 +316,10 @@ class Checkpoint(_Record, tag="checkpoint", kw_only=True):
 
 class DiagResult(_Record, tag="diag", kw_only=True):
     node: Name
-    device: str
+    device: Text
     test: Name
     value: float
-    unit: str = ""
+    unit: Text = ""
     baseline: float | None = None
     spec: float | None = None
     verdict: Verdict = Verdict.UNKNOWN
@@ -347,8 +365,8 @@ class StepBlock(msgspec.Struct, kw_only=True):
     `loss[i]` its loss, NaN where unknown. `jobs` is little-endian uint32, `values` row-major and
     `loss` little-endian float64; `loss` may be empty (all unknown)."""
 
-    fields: list[str]
-    job_ids: list[Name]
+    fields: Annotated[list[Text], msgspec.Meta(max_length=MAX_STEP_FIELDS)]
+    job_ids: Annotated[list[Name], msgspec.Meta(max_length=MAX_BLOCK_JOBS)]
     jobs: bytes
     values: bytes
     loss: bytes = b""
@@ -361,6 +379,6 @@ class Batch(msgspec.Struct, kw_only=True):
     v: int
     batch_id: Name
     sent_s: NonNegFloat = 0.0
-    source: str = ""
+    source: Text = ""
     records: list[Record] = msgspec.field(default_factory=list)
     steps: StepBlock | None = None

@@ -136,3 +136,39 @@ def test_whole_batches_of_steps_find_what_step_by_step_feeding_finds() -> None:
     assert {k for k, *_ in one_by_one} >= {"straggler", "mfu_drop"}
     assert findings(8, with_columns=True) == one_by_one
     assert findings(16, with_columns=False) == one_by_one
+
+
+def test_a_jump_in_step_numbers_costs_no_more_than_a_step() -> None:
+    """A step counter that jumps (a bug, or Unix seconds as steps) must not make the analyzer
+    walk the steps in between: each batch's work is bounded by the window, not the gap."""
+    import time
+
+    analyzer = streaming.StreamingAnalyzer()
+    job = [schema.Job(job_id="jump", world_size=2)]
+    analyzer.observe(job)
+
+    def step(rank: int, number: int) -> schema.StepRecord:
+        return schema.StepRecord(
+            job_id="jump", rank=rank, step=number, start_s=1.0, end_s=1.5, tokens=10
+        )
+
+    started = time.perf_counter()
+    for number in (0, 1, 2**52, 2**52 + 1, 2**52 + 2, 2**52 + 3, 1_700_000_000, 2**62):
+        analyzer.observe([step(0, number), step(1, number)])
+    elapsed = time.perf_counter() - started
+    assert elapsed < 1.0, f"eight batches took {elapsed:.1f} s"
+    stream = analyzer._jobs["jump"]
+    assert stream.num_analysed >= 4  # the steps after the jump were analysed, not skipped
+
+
+def test_a_declared_world_size_allocates_nothing_until_ranks_report() -> None:
+    analyzer = streaming.StreamingAnalyzer()
+    analyzer.observe([schema.Job(job_id="big", world_size=131_072)])
+    window = analyzer._jobs["big"].window
+    assert window.num_ranks == 0 and window.expected == 131_072
+    analyzer.observe(
+        [schema.StepRecord(job_id="big", rank=131_071, step=0, start_s=1.0, end_s=2.0)]
+    )
+    assert window.num_ranks == 1
+    assert sum(v.nbytes for v in window._data.values()) < 1 << 20
+    assert window.quorum_step() == -1  # the other 131,071 declared ranks have not reported

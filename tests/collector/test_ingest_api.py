@@ -106,7 +106,7 @@ BAD_STEP = {"type": "step", "job_id": "j", "rank": "three", "step": 1, "start_s"
         (
             codec.encode_batch([rec.step(2**40, 1)]),
             422,
-            "StepRecord.rank: record 0: rank 1099511627776 exceeds",
+            "StepRecord.rank: record 0: rank 1099511627776 is not below world size 131072",
         ),
         (
             _raw_frame({"v": 1, "batch_id": "x", "records": [{**BAD_STEP, "rank": 2**64 - 1}]}),

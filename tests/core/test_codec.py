@@ -215,3 +215,49 @@ def test_the_record_limit_counts_block_rows() -> None:
     with pytest.raises(codec.DecodeError, match="100 records exceeds the 50"):
         codec.decode_frame(frame, max_records=50)
     assert len(codec.decode_frame(frame, max_records=100)[1] or ()) == 100
+
+
+def test_record_count_is_refused_before_records_are_built() -> None:
+    """A small compressed frame that inflates to millions of records is refused from the
+    array header, before one record object exists (time and memory stay small)."""
+    import time
+    import tracemalloc
+
+    beat = msgspec.msgpack.encode({"type": "heartbeat", "job_id": "j", "rank": 0, "time_s": 1.0})
+    count = 2_000_000
+    # {"v": 2, "batch_id": "b", "records": [beat] * count}, built without a Python list.
+    head = b"\x83" + msgspec.msgpack.encode("v") + msgspec.msgpack.encode(schema.SCHEMA_VERSION)
+    head += msgspec.msgpack.encode("batch_id") + msgspec.msgpack.encode("b")
+    head += msgspec.msgpack.encode("records") + b"\xdd" + count.to_bytes(4, "big")
+    frame = codec.MAGIC + bytes([codec.FLAG_ZSTD])
+    frame += zstandard.ZstdCompressor().compress(head + beat * count)
+    assert len(frame) < 100_000
+    tracemalloc.start()
+    started = time.perf_counter()
+    with pytest.raises(codec.DecodeError, match="2000000 records exceeds the 100000 limit"):
+        codec.decode_frame(frame, max_decompressed_bytes=256 << 20)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert time.perf_counter() - started < 2.0
+    assert peak < 3 * len(head + beat * count)  # the inflated bytes, not millions of objects
+
+
+def test_nested_lists_and_strings_are_bounded() -> None:
+    many = {"type": "finding", "finding_id": "f", "kind": "hang", "job_id": "j"}
+    with pytest.raises(codec.DecodeError) as info:
+        codec.decode_batch(_frame([{**many, "evidence": [{"metric": "m", "observed": 1.0}] * 65}]))
+    assert (info.value.record_type, info.value.field) == ("Finding", "evidence")
+    assert "length <= 64" in info.value.problem
+    with pytest.raises(codec.DecodeError) as info:
+        codec.decode_batch(_frame([{**many, "subjects": {"ranks": list(range(5000))}}]))
+    assert (info.value.record_type, info.value.field) == ("Finding", "subjects.ranks")
+    with pytest.raises(codec.DecodeError) as info:
+        codec.decode_batch(_frame([{**many, "summary": "x" * 5000}]))
+    assert info.value.field == "summary" and "length <= 4096" in info.value.problem
+    beat = {"type": "heartbeat", "job_id": "j", "rank": 0, "time_s": 1.0}
+    with pytest.raises(codec.DecodeError) as info:
+        codec.decode_batch(_frame([beat, {**beat, "last_group": "g" * 300}]))
+    assert (info.value.record_type, info.value.field) == ("Heartbeat", "last_group")
+    # Within the bounds everything decodes.
+    ok = {**many, "subjects": {"ranks": list(range(4096))}, "summary": "x" * 4096}
+    assert len(codec.decode_batch(_frame([ok])).records) == 1
