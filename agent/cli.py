@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from vigil import cli
 from vigil.agent import config, daemon, progress
 from vigil.cli import Command
 from vigil.env import EnvVar
@@ -26,7 +27,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", default=None, help="this host's name (default: hostname)")
     parser.add_argument("--progress-dir", type=Path, default=d.progress_dir)
     parser.add_argument("--output-dir", type=Path, default=None, help="env VIGIL_OUTPUT_DIR")
-    parser.add_argument("--collector", default=None, help="env VIGIL_COLLECTOR_URL")
+    parser.add_argument(
+        "--collector", type=cli.collector_url, default=None, help="env VIGIL_COLLECTOR_URL"
+    )
     parser.add_argument("--spool-dir", type=Path, default=None)
     parser.add_argument("--spool-max-bytes", type=int, default=d.spool_max_bytes)
     parser.add_argument("--metrics-host", default=d.metrics_host)
@@ -68,11 +71,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.request:
         return _request(args)
     env_out = os.environ.get(EnvVar.OUTPUT_DIR)
+    collector = args.collector or os.environ.get(EnvVar.COLLECTOR_URL) or None
+    problem = cli.url_problem(collector) if collector and not args.collector else ""
+    if problem:  # --collector was checked by argparse; its environment fallback is checked here
+        sys.stderr.write(f"vigil agent: {EnvVar.COLLECTOR_URL}={collector!r}: {problem}\n")
+        return 2
     cfg = config.AgentConfig(
         node=args.node or config.default_node(),
         progress_dir=args.progress_dir,
         output_dir=args.output_dir or (Path(env_out) if env_out else None),
-        collector=args.collector or os.environ.get(EnvVar.COLLECTOR_URL) or None,
+        collector=collector,
         token=os.environ.get(EnvVar.TOKEN),
         spool_dir=args.spool_dir,
         spool_max_bytes=args.spool_max_bytes,

@@ -34,7 +34,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     level.add_argument("--quick", action="store_true", help="pre-flight checks (default)")
     level.add_argument("--full", action="store_true", help="every diagnostic at full size")
     parser.add_argument("--json", action="store_true", help="one JSON DiagResult per line")
-    parser.add_argument("--collector", help="collector URL (default: env VIGIL_COLLECTOR_URL)")
+    parser.add_argument(
+        "--collector",
+        type=cli.collector_url,
+        help="collector URL (default: env VIGIL_COLLECTOR_URL)",
+    )
     parser.add_argument(
         "--baseline",
         type=Path,

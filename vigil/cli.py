@@ -2,17 +2,26 @@
 
 Each subsystem publishes its subcommands in the `vigil.commands` entry-point group (see
 pyproject.toml) as a `Command`; the core never imports the subsystems directly. Logging is
-configured here, once, and nowhere else.
+configured here, once, and nowhere else. The argparse types and checks the subcommands share
+(counts, collector URLs, writable folders, per-run job names) live here too, so every command
+refuses bad input with the same kind of one-line message.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.metadata
 import logging
+import math
+import secrets
 import sys
+import tempfile
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
 
 from vigil import _version, logs, schema, settings
 
@@ -32,6 +41,17 @@ class Command:
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum():
             raise ValueError(f"command name {self.name!r} must be alphanumeric (dashes allowed)")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: `vigil run: error: argument --nproc: ...`, exit 2.
+
+    The usage block argparse prints first is left out: for commands with many options it buries
+    the one line that says what was wrong; `--help` shows it.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def discover_commands(only: str | None = None) -> tuple[list[Command], list[str]]:
@@ -59,7 +79,7 @@ def discover_commands(only: str | None = None) -> tuple[list[Command], list[str]
 
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="vigil",
         description="Profiling, monitoring and fault recovery for distributed PyTorch training.",
     )
@@ -67,7 +87,7 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format", choices=[f.value for f in settings.LogFormat], help="plain or json"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for command in commands:
         sub_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub_parser)
@@ -109,6 +129,100 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args))
     except KeyboardInterrupt:
         return 130
+
+
+# -- argument types and checks shared by the subcommands ------------------------------------
+# argparse reports an ArgumentTypeError as "argument --opt: <message>" and exits 2.
+
+
+def _number(text: str, convert: Callable[[str], float], kind: str) -> float:
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts that must be at least 1 (ranks, steps, sizes)."""
+    value = int(_number(text, int, "a positive integer"))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type for counts where 0 means none or "the default" (spares, restarts)."""
+    value = int(_number(text, int, "an integer >= 0"))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type for finite quantities above 0 (timeouts, learning rates)."""
+    value = _number(text, float, "a positive number")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type for finite quantities of at least 0 (cool-downs)."""
+    value = _number(text, float, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def url_problem(url: str) -> str:
+    """Why `url` is not an http(s) URL naming a host and a usable port; "" when it is one."""
+    if not url or any(c.isspace() for c in url):
+        return "it is empty or contains whitespace"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port out of 0-65535 or not a number
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "it must start with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "port 0 is not a port anything listens on"
+    return ""
+
+
+def collector_url(text: str) -> str:
+    """argparse type for `--collector URL`: http(s), a host, and a port in 1-65535 if given."""
+    problem = url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a collector URL: {problem}")
+    return text
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create `path` if needed and check a file can be made in it; ValueError says why not."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{path} is not a writable directory ({exc.strerror or exc})") from exc
+
+
+def unique_job_name(prefix: str, *, now: datetime.datetime | None = None) -> str:
+    """`<prefix>-<UTC time>-<6 hex digits>`: a fresh job name per run, so runs never share one.
+
+    The time sorts runs and says when each started; the random part tells apart runs started in
+    the same second.
+    """
+    moment = now or datetime.datetime.now(datetime.UTC)
+    return f"{prefix}-{moment.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
 
 
 def _configure_version(parser: argparse.ArgumentParser) -> None:
