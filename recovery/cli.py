@@ -21,16 +21,24 @@ log = logging.getLogger(__name__)
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc", type=int, required=True, help="ranks in the job")
+    parser.add_argument("--nproc", type=cli.positive_int, required=True, help="ranks in the job")
     parser.add_argument(
-        "--nodes", type=int, default=1, help="simulated nodes the ranks spread over"
+        "--nodes", type=cli.positive_int, default=1, help="simulated nodes the ranks spread over"
     )
-    parser.add_argument("--spare", type=int, default=0, help="spare simulated nodes to migrate to")
-    parser.add_argument("--max-restarts", type=int, default=3, help="restarts before giving up")
     parser.add_argument(
-        "--min-dp", type=int, default=1, help="smallest data-parallel size to shrink to"
+        "--spare", type=cli.non_negative_int, default=0, help="spare simulated nodes to migrate to"
     )
-    parser.add_argument("--job", default=None, help="job id (default: a fresh one)")
+    parser.add_argument(
+        "--max-restarts", type=cli.non_negative_int, default=3, help="restarts before giving up"
+    )
+    parser.add_argument(
+        "--min-dp", type=cli.positive_int, default=1, help="smallest data-parallel size to keep"
+    )
+    parser.add_argument(
+        "--job",
+        default=None,
+        help="job id (default: a fresh vigil-run-<UTC time>-<random> per run, printed at start)",
+    )
     parser.add_argument(
         "--run-dir",
         type=Path,
@@ -39,7 +47,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "run here is resumed",
     )
     parser.add_argument(
-        "--cooldown", type=float, default=0.0, help="seconds between restarts (default 0)"
+        "--cooldown",
+        type=cli.non_negative_float,
+        default=0.0,
+        help="seconds between restarts (default 0)",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -59,8 +70,15 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         layout = placement.Placement.build(nproc=args.nproc, nodes=args.nodes, spare=args.spare)
-        job_id = args.job or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+        job_id = args.job or cli.unique_job_name("vigil-run")
         run_dir = args.run_dir or Path("vigil-runs") / job_id
+        # Built first: it refuses a command that cannot run before any folder is made.
+        executor = local.LocalExecutor(
+            command=command,
+            run_dir=run_dir,
+            env={"VIGIL_JOB": job_id},
+            snapshot_root=args.snapshot_dir,
+        )
         book = journal.Journal(run_dir)
         saved = book.load_state()
         if saved is not None and saved.finished:
@@ -73,17 +91,15 @@ def _run(args: argparse.Namespace) -> int:
             min_dp_size=args.min_dp,
             budget=policy.Budget(cooldown_s=args.cooldown),
         )
-        executor = local.LocalExecutor(
-            command=command,
-            run_dir=run_dir,
-            env={"VIGIL_JOB": job_id},
-            snapshot_root=args.snapshot_dir,
-        )
     except ValueError as exc:
         sys.stderr.write(f"vigil run: {exc}\n")
         return 2
+    sys.stderr.write(f"vigil run: job {job_id}; journal, rank logs and stacks in {run_dir}\n")
     ctl = controller.Controller(config=config, executor=executor, journal=book, placement=layout)
     code = ctl.run()
+    if code != 0:
+        logs = executor.run_dir / "attempts"
+        sys.stderr.write(f"vigil run: job {job_id} failed (exit {code}); rank logs in {logs}\n")
     if code == 0 and args.snapshot_dir is not None:
         snapshot_files.drop_job(args.snapshot_dir, job_id)
     for action in book.actions():

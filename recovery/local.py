@@ -5,6 +5,10 @@ MASTER_PORT, ...) plus VIGIL_NODE and the restart count. Each attempt gets a fre
 restarted gloo workers never meet the previous attempt's TCPStore (the reason `torchrun
 --max-restarts` cannot bring gloo jobs back). Ranks run in their own process groups so stopping a
 rank stops everything it spawned. Simulated nodes are just labels on groups of ranks.
+
+A command that cannot run is a configuration error, not a crash: the executor refuses one whose
+executable it cannot find at construction, and reports a rank's exit 126 (found but not
+executable) or 127 (not found) as `BAD_CONFIG_EXIT`, which the controller never restarts.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +35,13 @@ from vigil.recovery.placement import Placement
 log = logging.getLogger(__name__)
 # py-spy attaches and walks every thread in well under a second; 20 s covers a loaded node.
 PY_SPY_TIMEOUT_S = 20.0
+
+# The shell's "found but cannot execute" and "command not found" exit codes (POSIX).
+NOT_EXECUTABLE_EXIT = 126
+NOT_FOUND_EXIT = 127
+# The controller stops the job instead of restarting on this code (controller.BAD_CONFIG_EXIT).
+BAD_CONFIG_EXIT = 2
+_UNRUNNABLE = {NOT_EXECUTABLE_EXIT: "could not be executed", NOT_FOUND_EXIT: "was not found"}
 
 # Runs the rank's command and leaves "<exit code> <unix time>" in $VIGIL_EXIT_FILE, so a restarted
 # controller that cannot wait() on its predecessor's children still learns how and when they ended.
@@ -66,6 +78,9 @@ class LocalExecutor:
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("the training command is empty: give it after `--`")
+        problem = executable_problem(self.command[0], self.env.get("PATH", os.environ.get("PATH")))
+        if problem:
+            raise ValueError(problem)
 
     def launch(self, placement: Placement, attempt: int) -> None:
         if self._procs and self.alive():
@@ -168,6 +183,15 @@ class LocalExecutor:
         except (OSError, ValueError):
             # Killed before the wrapper could write (SIGKILL): trust wait() if we have it.
             code = returncode if returncode is not None else -signal.SIGKILL
+        if code in _UNRUNNABLE:
+            log.error(
+                "rank %d exited %d: its command %s (%s); restarting cannot help, stopping the job",
+                rank,
+                code,
+                _UNRUNNABLE[code],
+                _last_line(self.attempt_dir(self._attempt) / f"rank-{rank}.log") or "no output",
+            )
+            code = BAD_CONFIG_EXIT
         return RankExit(rank, self._placement.node_of(rank), code, seen)
 
     def alive(self) -> list[int]:
@@ -227,6 +251,33 @@ class LocalExecutor:
         """A node we moved away from is treated as lost: its shared memory goes with it."""
         if self.snapshot_root is not None:
             snapshot_files.drop_node(self.snapshot_root, job, node)
+
+
+def executable_problem(program: str, path: str | None = None) -> str:
+    """Why `program` (a path, or a name looked up on `path`) cannot be run; "" when it can."""
+    if os.sep in program:
+        target = Path(program)
+        if not target.exists():
+            return f"the command {program} does not exist"
+        if target.is_dir():
+            return f"the command {program} is a directory"
+        if not os.access(target, os.X_OK):
+            return f"the command {program} is not executable (chmod +x it, or name its interpreter)"
+        return ""
+    if shutil.which(program, path=path) is None:
+        return f"the command {program!r} was not found on PATH"
+    return ""
+
+
+def _last_line(log_file: Path) -> str:
+    """The last non-empty line a rank wrote (the shell's "not found" message), or ""."""
+    try:
+        with log_file.open("rb") as fh:
+            fh.seek(max(0, log_file.stat().st_size - 4096))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
 def _pid_alive(pid: int) -> bool:
