@@ -20,6 +20,13 @@ DEFAULT_PROGRESS_DIR = Path("/dev/shm/vigil")
 DEFAULT_RING_CAPACITY = 4096
 # 64 MiB of spooled batches hold hours of one rank's step records and aggregates.
 DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_SERVER_ERRORS = 5
+# Quarantined batches are kept for a person to look at, not replayed: 100 is plenty to see what
+# the collector refuses, and bounds the disk a collector refusing everything can cost.
+DEFAULT_MAX_QUARANTINED = 100
+# Total, not per request: what a process's exit may wait for a collector that does not answer
+# (one POST's timeout); what is not delivered by then stays spooled for the node agent.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def _require(condition: bool, message: str) -> None:
@@ -54,6 +61,14 @@ class ShipperConfig:
     # Records per POST: one rank's step produces ~10 records, so this is one flush of many steps.
     max_batch_records: int = 5000
     compress: bool = True
+    # 5xx answers one batch may get before it is quarantined (once the collector has committed
+    # other batches meanwhile): a handful of rounds tells a batch the collector fails on from a
+    # hiccup, without holding the batches behind it up for long.
+    max_server_errors: int = DEFAULT_MAX_SERVER_ERRORS
+    # Quarantined batch files kept for inspection; the oldest go first.
+    max_quarantined_batches: int = DEFAULT_MAX_QUARANTINED
+    # While the collector stays away, one WARNING at first, then at most one a minute.
+    warn_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         _paths(self, "spool_dir")
@@ -69,6 +84,9 @@ class ShipperConfig:
             "need 0 < backoff_initial_s <= backoff_max_s",
         )
         _require(self.max_batch_records >= 1, "max_batch_records must be >= 1")
+        _require(self.max_server_errors >= 1, "max_server_errors must be >= 1")
+        _require(self.max_quarantined_batches >= 0, "max_quarantined_batches must be >= 0")
+        _require(self.warn_interval_s > 0, "warn_interval_s must be > 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +108,9 @@ class SdkConfig:
     progress_dir: Path = DEFAULT_PROGRESS_DIR
     spool_dir: Path | None = None
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    # The most shutdown() (or the exit hook) waits for the collector, in all.
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    max_server_errors: int = DEFAULT_MAX_SERVER_ERRORS
     model_shape: schema.ModelShape | None = None
     flops_per_token: float | None = None
     # Count the first step's FLOPs with torch.utils.flop_counter when no shape/flops are given.
@@ -133,6 +154,8 @@ class SdkConfig:
         _require(self.flush_interval_s > 0, "flush_interval_s must be > 0")
         _require(self.max_queued_records >= 100, "max_queued_records must be >= 100")
         _require(self.spool_max_bytes > 0, "spool_max_bytes must be > 0")
+        _require(self.shutdown_timeout_s > 0, "shutdown_timeout_s must be > 0 (seconds in all)")
+        _require(self.max_server_errors >= 1, "max_server_errors must be >= 1")
         for name in ("flops_per_token", "peak_flops"):
             value = getattr(self, name)
             _require(value is None or value > 0, f"{name} must be > 0 when given, got {value}")
@@ -156,6 +179,11 @@ class AgentConfig:
     token: str | None = None
     spool_dir: Path | None = None
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    max_server_errors: int = DEFAULT_MAX_SERVER_ERRORS
+    # The agent replays the spools that exited ranks left under progress_dir (at least once:
+    # the collector dedupes batch ids); False leaves them alone.
+    replay_orphans: bool = True
     metrics_host: str = "127.0.0.1"
     # 9464 is the port OpenTelemetry's Prometheus exporter convention reserves for node agents.
     metrics_port: int = 9464
@@ -177,6 +205,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         _paths(self, "output_dir", "progress_dir", "spool_dir")
         _require(self.page_ttl_s >= 0, "page_ttl_s must be >= 0")
+        _require(self.shutdown_timeout_s > 0, "shutdown_timeout_s must be > 0 (seconds in all)")
+        _require(self.max_server_errors >= 1, "max_server_errors must be >= 1")
         _require(bool(self.node), "node must be a non-empty name")
         _require(0 <= self.metrics_port <= 65535, "metrics_port must be 0..65535")
         _require(self.sample_interval_s > 0, "sample_interval_s must be > 0")
