@@ -126,6 +126,11 @@ class AnalyzerConfig:
     # step this many steps newer (a silent rank must not stall analysis of the others, and one
     # rank's early shipment must not get a step analysed before the other ranks' arrive).
     stream_step_lag: int = 2
+    # A job that sent nothing for this long (seconds of `tick` time) is forgotten: its state
+    # (~30 KiB for a small job) is freed. Hung jobs keep sending heartbeats, so stay.
+    stream_job_idle_s: float = 3600.0
+    # At most this many jobs are followed at once; past it the least recently seen is forgotten.
+    stream_max_jobs: int = 1024
 
     def __post_init__(self) -> None:
         need = max(self.straggler.window, self.mfu.baseline_steps + self.mfu.recent_steps)
@@ -134,3 +139,5 @@ class AnalyzerConfig:
             f"stream_window_steps must be >= {need} (persistence and MFU windows)",
         )
         _require(self.stream_step_lag >= 0, "stream_step_lag must be >= 0")
+        _require(self.stream_job_idle_s > 0, "stream_job_idle_s must be > 0")
+        _require(self.stream_max_jobs >= 1, "stream_max_jobs must be >= 1")

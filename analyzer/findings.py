@@ -45,7 +45,8 @@ def make_finding(
     """A Finding with a stable id and its confidence clamped to [0, 1]; subjects, evidence and
     summary cut to the wire's bounds (`schema.MAX_SUBJECTS`, ...), so it always travels."""
     limit = schema.MAX_SUBJECTS
-    if max(map(len, (subjects.ranks, subjects.nodes, subjects.devices, subjects.links))) > limit:
+    sizes = (len(subjects.ranks), len(subjects.nodes), len(subjects.devices), len(subjects.links))
+    if max(sizes) > limit:
         subjects = schema.Subjects(
             ranks=subjects.ranks[:limit],
             nodes=subjects.nodes[:limit],

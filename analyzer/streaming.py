@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -291,6 +292,36 @@ class _JobStream:
         return out
 
 
+def _before(
+    past: tuple[Sequence[schema.Record], columns.StepColumns | None],
+    batch: Sequence[schema.Record],
+    steps: columns.StepColumns | None,
+) -> tuple[Sequence[schema.Record], columns.StepColumns | None]:
+    """History without the steps the batch itself carries (already stored when the history
+    was read): a step's aggregates must not be counted twice."""
+    firsts = [int(steps.column("step").min())] if steps is not None and len(steps) else []
+    firsts += [
+        r.step for r in batch if isinstance(r, schema.StepRecord | schema.CollectiveAggregate)
+    ]
+    if not firsts:
+        return past
+    first = min(firsts)
+    records = [
+        r
+        for r in past[0]
+        if not isinstance(r, schema.StepRecord | schema.CollectiveAggregate) or r.step < first
+    ]
+    cols = past[1]
+    if cols is not None and len(cols):
+        keep = cols.column("step") < first
+        cols = columns.StepColumns(
+            values=cols.values[keep],
+            job_ids=[j for j, k in zip(cols.job_ids, keep.tolist(), strict=True) if k],
+            loss=None if cols.loss is None else cols.loss[keep],
+        )
+    return records, cols
+
+
 def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
     return (f.kind, tuple(f.subjects.ranks), tuple(f.subjects.nodes))
 
@@ -310,6 +341,9 @@ _MEASURED = frozenset(
 
 
 _JOB_ID = operator.attrgetter("job_id")
+# `history(job_id, steps)`: a job's Job and RankInfo records and its last `steps` steps' step
+# records (as columns) and collective aggregates, from the store.
+History = Callable[[str, int], tuple[Sequence[schema.Record], columns.StepColumns | None]]
 # Recovery actions that stop and start the job's ranks (the controller posts them as they run).
 _RESTARTS = frozenset(
     {schema.ActionKind.RESTART, schema.ActionKind.MIGRATE, schema.ActionKind.RESIZE}
@@ -321,9 +355,24 @@ _READ = _MEASURED | {schema.Action}
 class StreamingAnalyzer:
     """Implements the collector's `StreamAnalyzer` protocol; see the module docstring."""
 
-    def __init__(self, config: config_mod.AnalyzerConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: config_mod.AnalyzerConfig | None = None,
+        *,
+        history: History | None = None,
+    ) -> None:
         self.config = config or config_mod.AnalyzerConfig()
-        self._jobs: dict[str, _JobStream] = {}
+        # Least recently seen first; each job's value: its stream and the tick time it was last
+        # seen at (jobs idle past `stream_job_idle_s` are forgotten on tick).
+        self._jobs: OrderedDict[str, _JobStream] = OrderedDict()
+        self._seen_s: dict[str, float] = {}
+        self._now_s = 0.0
+        self._history = history
+        self.forgotten = 0  # jobs dropped for idleness or to stay within stream_max_jobs
+
+    def use_history(self, history: History) -> None:
+        """Read each new job's recent past through `history` (the collector's store)."""
+        self._history = history
 
     def job_ids(self) -> list[str]:
         return sorted(self._jobs)
@@ -353,20 +402,71 @@ class StreamingAnalyzer:
             by_job = grouped
         out: list[schema.Finding] = []
         for job, batch in by_job.items():
+            job_steps = None if steps is None else steps.of_job(job)
             stream = self._jobs.get(job)
-            if stream is None and not any(type(r) in _MEASURED for r in batch):
+            measured = any(type(r) in _MEASURED for r in batch)
+            if stream is None and not measured and not (job_steps is not None and len(job_steps)):
                 continue  # e.g. only findings or actions about a job not seen yet
             if stream is None:
-                world = next((r.world_size for r in batch if isinstance(r, schema.Job)), 0)
-                stream = self._jobs[job] = _JobStream(job, self.config, world)
+                stream = self._start(job, batch, job_steps, out)
+            self._jobs.move_to_end(job)
+            self._seen_s[job] = self._now_s
             try:
-                out.extend(stream.feed(batch, None if steps is None else steps.of_job(job)))
+                out.extend(stream.feed(batch, job_steps))
             except (ValueError, IndexError) as exc:  # bad data for one job must not stop others
                 log.warning("job %s: batch skipped by the analyzer: %s", job, exc)
         return out
 
+    def _start(
+        self,
+        job: str,
+        batch: Sequence[schema.Record],
+        steps: columns.StepColumns | None,
+        out: list[schema.Finding],
+    ) -> _JobStream:
+        """A new job's stream: its recent past from `history` when there is one (a collector
+        that restarted picks up running jobs where the store has them), then the batch."""
+        world = next((r.world_size for r in batch if isinstance(r, schema.Job)), 0)
+        past: tuple[Sequence[schema.Record], columns.StepColumns | None] = ([], None)
+        if self._history is not None:
+            try:
+                past = self._history(job, self.config.stream_window_steps)
+            except Exception as exc:  # the store is down: start from what arrives
+                log.warning("job %s: no history for the analyzer: %s", job, exc)
+        world = max(
+            [world, *(r.world_size for r in past[0] if isinstance(r, schema.Job | schema.RankInfo))]
+        )
+        stream = self._jobs[job] = _JobStream(job, self.config, world)
+        while len(self._jobs) > self.config.stream_max_jobs:
+            self._forget(next(iter(self._jobs)))
+        past = _before(past, batch, steps)
+        if past[0] or (past[1] is not None and len(past[1])):
+            try:
+                # Findings already stored are re-sent with the same ids; the store upserts them.
+                out.extend(stream.feed(past[0], past[1]))
+            except (ValueError, IndexError) as exc:
+                log.warning("job %s: history skipped by the analyzer: %s", job, exc)
+        return stream
+
+    def _forget(self, job: str) -> None:
+        self._jobs.pop(job, None)
+        self._seen_s.pop(job, None)
+        self.forgotten += 1
+
     def tick(self, now_s: float) -> list[schema.Finding]:
-        """Check every job for a hang at `now_s` (call about once a second)."""
+        """Check every job for a hang at `now_s` (call about once a second); forget jobs idle
+        for longer than `stream_job_idle_s`."""
+        self._now_s = now_s
+        idle = [
+            job
+            for job, seen in self._seen_s.items()
+            if seen and now_s - seen > self.config.stream_job_idle_s
+        ]
+        for job in idle:
+            self._forget(job)
+        for job in self._jobs:  # seen before the first tick: idle from now on
+            if not self._seen_s.get(job):
+                self._seen_s[job] = now_s
         out = []
         for stream in self._jobs.values():
             if stream.job_done:
@@ -379,6 +479,7 @@ class StreamingAnalyzer:
     def forget(self, job_id: str) -> None:
         """Drop a finished job's state."""
         self._jobs.pop(job_id, None)
+        self._seen_s.pop(job_id, None)
 
 
 __all__ = ["StreamingAnalyzer"]

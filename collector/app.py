@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from vigil import _version
-from vigil.collector import retention, routes_ingest, routes_query
+from vigil.collector import auth, history, retention, routes_ingest, routes_query, routes_upload
 from vigil.collector.context import CollectorContext, json_response
-from vigil.collector.hook import AnalyzerRunner, StreamAnalyzer
+from vigil.collector.hook import AnalyzerRunner, ResumingAnalyzer, StreamAnalyzer
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store, StoreConfig
@@ -54,6 +56,8 @@ def create_app(
         world_sizes=WorldSizes(store.world_sizes),
     )
     if analyzer is not None:
+        if isinstance(analyzer, ResumingAnalyzer):
+            analyzer.use_history(functools.partial(history.recent, store))
         ctx.runner = AnalyzerRunner(
             analyzer,
             store_findings=store.store_findings,
@@ -62,17 +66,37 @@ def create_app(
             max_pending=settings.analyzer_max_pending,
         )
         runner_box.append(ctx.runner)
+    docs_open = settings.docs_public or not settings.auth_enabled
     app = FastAPI(
         title="vigil collector",
         version=_version.__version__,
         description="Ingest, storage and query API for vigil's training telemetry.",
         lifespan=_lifespan(ctx),
+        docs_url="/docs" if docs_open else None,
+        redoc_url="/redoc" if docs_open else None,
+        openapi_url="/openapi.json" if docs_open else None,
     )
     app.state.collector = ctx
     app.include_router(routes_ingest.router(ctx))
     app.include_router(routes_query.router(ctx))
+    app.include_router(routes_upload.router(ctx))
     _ops_routes(app, ctx)
+    if not docs_open:
+        _protected_docs(app, ctx)
     return app
+
+
+def _protected_docs(app: FastAPI, ctx: CollectorContext) -> None:
+    """/openapi.json and /docs behind the read scope (auth on, VIGIL_DOCS_PUBLIC unset)."""
+    read = [Depends(auth.require(auth.Scope.READ, ctx.settings))]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=read)
+    def openapi() -> Response:
+        return json_response(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=read)
+    def docs() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
 
 
 def _ops_routes(app: FastAPI, ctx: CollectorContext) -> None:
@@ -86,7 +110,10 @@ def _ops_routes(app: FastAPI, ctx: CollectorContext) -> None:
             return json_response({"status": "unavailable", "detail": type(exc).__name__}, 503)
         return json_response({"status": "ok", "store": ctx.store.dialect})
 
-    @app.get("/metrics", tags=["ops"], response_class=Response)
+    public = ctx.settings.metrics_public or not ctx.settings.auth_enabled
+    scrape = [] if public else [Depends(auth.require(auth.Scope.READ, ctx.settings))]
+
+    @app.get("/metrics", tags=["ops"], response_class=Response, dependencies=scrape)
     def prometheus_metrics() -> Response:
         """The collector's own metrics in Prometheus text format."""
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

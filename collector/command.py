@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 from vigil.analyzer import StreamingAnalyzer
 from vigil.cli import Command
+from vigil.collector import server
 from vigil.collector.app import create_app
 from vigil.collector.settings import CollectorSettings, is_loopback
 
@@ -78,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         log_config=None,  # keep vigil's logging configuration
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         access_log=False,
+        http=server.header_deadline_protocol(settings.header_timeout_s),
+        limit_concurrency=settings.max_connections,
     )
     return 0
 

@@ -38,6 +38,19 @@ class TickingAnalyzer(StreamAnalyzer, Protocol):
     def tick(self, now_s: float) -> Sequence[schema.Finding]: ...
 
 
+# `history(job_id, steps)`: a job's Job and RankInfo records and its last `steps` steps' records
+# (step records as columns, collective aggregates), read back from the store.
+History = Callable[[str, int], tuple[Sequence[schema.Record], columns.StepColumns | None]]
+
+
+@runtime_checkable
+class ResumingAnalyzer(StreamAnalyzer, Protocol):
+    """An analyzer that reads a job's recent past from the store when it first sees the job
+    (after a collector restart, running jobs are picked up where they were)."""
+
+    def use_history(self, history: History) -> None: ...
+
+
 class AnalyzerRunner:
     """Feeds an analyzer on one thread and stores what it finds; counts its failures.
 

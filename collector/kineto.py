@@ -1,12 +1,15 @@
 """Uploaded Kineto (PyTorch profiler) traces: validated, compressed, stored for offline analysis.
 
 A trace is JSON with a `traceEvents` list, optionally gzip-compressed as the profiler writes
-`*.pt.trace.json.gz`. Inflation is bounded by the same limit as the upload. Must not interpret
-the events: the analyzer's importers do that.
+`*.pt.trace.json.gz`. Inflation is bounded by the same limit as the upload. Checking costs no
+more memory than the inflated bytes: the JSON is validated without building its events, and
+events are counted by their `"ph"` keys (every trace event has one). Must not interpret the
+events: the analyzer's importers do that.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -32,6 +35,17 @@ class ParsedTrace:
     num_events: int
 
 
+class _Trace(msgspec.Struct):
+    """A trace document with its events left undecoded (validated, not built)."""
+
+    traceEvents: msgspec.Raw  # noqa: N815 (Kineto's key)
+
+
+_trace_decoder = msgspec.json.Decoder(_Trace)
+_PHASE_KEY = re.compile(rb'"ph"\s*:')
+_NOT_A_TRACE = "trace must be a JSON object with a 'traceEvents' list (Kineto format)"
+
+
 def parse(body: bytes, *, max_bytes: int) -> ParsedTrace:
     """Check an upload is a trace (gzip or plain JSON with a traceEvents list)."""
     if body[:2] == GZIP_MAGIC:
@@ -39,12 +53,15 @@ def parse(body: bytes, *, max_bytes: int) -> ParsedTrace:
     if len(body) > max_bytes:
         raise TraceError(f"trace is {len(body)} bytes, over the {max_bytes} byte limit")
     try:
-        doc = msgspec.json.decode(body)
+        events = _trace_decoder.decode(body).traceEvents
+    except msgspec.ValidationError as exc:
+        raise TraceError(_NOT_A_TRACE) from exc
     except msgspec.DecodeError as exc:
         raise TraceError(f"trace is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise TraceError("trace must be a JSON object with a 'traceEvents' list (Kineto format)")
-    return ParsedTrace(raw_json=body, num_events=len(doc["traceEvents"]))
+    if not bytes(memoryview(events)[:1]).startswith(b"["):
+        raise TraceError(_NOT_A_TRACE)
+    count = sum(1 for _ in _PHASE_KEY.finditer(body))
+    return ParsedTrace(raw_json=body, num_events=count)
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:

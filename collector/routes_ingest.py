@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Mapping
 
 import psycopg
@@ -121,9 +122,29 @@ def router(ctx: CollectorContext) -> APIRouter:
                 "too_large",
                 f"Batch.<frame>: body exceeds the {ctx.settings.max_batch_bytes} byte limit",
             )
-        return await run_in_threadpool(_commit, ctx, body, header_id)
+        return await run_in_threadpool(_commit_guarded, ctx, body, header_id)
 
     return routes
+
+
+def _commit_guarded(ctx: CollectorContext, body: bytes, header_id: str | None) -> Response:
+    """`_commit`, answering a bug with a 500 here, in the worker thread: an exception that
+    travelled on through the thread pool and the middleware would keep its frames (and the
+    batch they hold) alive in reference cycles until a full garbage collection."""
+    try:
+        return _commit(ctx, body, header_id)
+    except Exception as exc:
+        log.error(
+            "ingest failed on a %d-byte batch: %s", len(body), exc, exc_info=(type(exc), exc, None)
+        )
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
+        return _error(
+            ctx,
+            500,
+            "internal",
+            "Batch.<collector>: internal error while storing this batch (logged); retry later",
+        )
 
 
 def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Response:

@@ -1,9 +1,9 @@
 """The read API under /api/v1: jobs, ranks, steps, heatmaps, collectives, findings, actions,
-checkpoints, samples, diag results, Chrome-trace export and Kineto trace upload.
+checkpoints, samples, diag results, Chrome-trace export and Kineto trace download.
 
-Every route needs the `read` scope when auth is on (trace upload needs `ingest`). Bad parameters
-are 4xx with a message; nothing here writes except the trace upload. Handlers are sync: FastAPI
-runs them in its thread pool.
+Every route needs the `read` scope when auth is on (trace upload, in routes_upload.py, needs
+`ingest`). Bad parameters are 4xx with a message; nothing here writes. Handlers are sync:
+FastAPI runs them in its thread pool.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from sqlalchemy import func, select
-from starlette.concurrency import run_in_threadpool
 
 from vigil import api
 from vigil.collector import auth, heatmap, kineto, queries, samples, tables, trace_export
 from vigil.collector import models as m
-from vigil.collector.context import CollectorContext, json_response, read_body
+from vigil.collector.context import CollectorContext, json_response
 
 INT64 = 2**62  # bound query integers well inside the store's 64-bit columns
 JobId = Annotated[str, Path(min_length=1, max_length=256)]
@@ -229,8 +228,6 @@ def _record_routes(r: APIRouter, ctx: CollectorContext) -> None:
 
 
 def _trace_routes(r: APIRouter, ctx: CollectorContext) -> None:
-    ingest = Depends(auth.require(auth.Scope.INGEST, ctx.settings))
-
     @r.get("/jobs/{job_id}/trace", response_model=m.ChromeTracePublic, tags=["traces"])
     def export_trace(
         job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None
@@ -243,47 +240,6 @@ def _trace_routes(r: APIRouter, ctx: CollectorContext) -> None:
         except trace_export.WindowTooLargeError as exc:
             raise HTTPException(413, detail=str(exc)) from exc
         return json_response(body)
-
-    @r.post(
-        "/jobs/{job_id}/traces",
-        response_model=m.TraceInfoPublic,
-        status_code=201,
-        tags=["traces"],
-        dependencies=[ingest],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"type": "object"}},
-                    "application/gzip": {"schema": {"type": "string", "format": "binary"}},
-                },
-            }
-        },
-    )
-    async def upload_trace(
-        request: Request,
-        job_id: JobId,
-        rank: Annotated[int | None, Query(ge=0, le=INT64)] = None,
-        name: Annotated[str, Query(max_length=256)] = "",
-    ) -> Response:
-        """Upload a Kineto trace (JSON or gzip) for offline analysis."""
-        body = await read_body(request, ctx.settings.max_trace_bytes)
-        if body is None:
-            raise HTTPException(413, detail=f"trace exceeds {ctx.settings.max_trace_bytes} bytes")
-        try:
-            parsed = await run_in_threadpool(
-                kineto.parse, body, max_bytes=ctx.settings.max_trace_bytes
-            )
-        except kineto.TraceError as exc:
-            raise HTTPException(422, detail=str(exc)) from exc
-
-        def save() -> dict[str, Any]:
-            with ctx.store.write() as conn:
-                return kineto.store(
-                    conn, parsed, job_id=job_id, rank=rank, name=name, now_s=ctx.clock()
-                )
-
-        return json_response(await run_in_threadpool(save), status_code=201)
 
     @r.get("/jobs/{job_id}/traces", response_model=list[m.TraceInfoPublic], tags=["traces"])
     def list_traces(job_id: JobId) -> Response:

@@ -69,6 +69,16 @@ class CollectorSettings(CommonSettings):
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     # Hang detection needs a tick when no records arrive; once a second matches heartbeat rates.
     analyzer_tick_s: float = Field(default=1.0, gt=0)
+    # Seconds a request may take to send its headers (from its first byte): half-sent requests
+    # must not hold connections before auth is even checked.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # Connections and in-flight requests served at once; past it new ones get a 503.
+    max_connections: int = Field(default=2048, ge=1)
+    # With auth on: whether /metrics answers without a token (it holds counts by record type
+    # and reason, no job data; scrapers then need no secret) and whether /docs and
+    # /openapi.json do (they map the whole API; off by default).
+    metrics_public: bool = True
+    docs_public: bool = False
     # Batches queued for the streaming analyzer; past it a batch is stored but not analysed
     # (counted in vigil_collector_analyzer_dropped_batches_total), so ingest never waits for it.
     analyzer_max_pending: int = Field(default=1024, ge=1)

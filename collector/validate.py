@@ -27,6 +27,9 @@ from vigil.codec import DecodeError
 INT64_MAX = 2**63 - 1
 # 262,144 ranks is above the largest training jobs run today; it bounds a heatmap column at 2 MiB.
 MAX_RANK = 2**18 - 1
+# Step numbers index the analyzer's float64 columns and the heatmap's rows: exact below 2**53
+# (a step counter in nanoseconds reaches it after 104 days). Other integers may use all 63 bits.
+MAX_STEP = 2**53 - 1
 # StepRecord.loss may be NaN or infinite: a diverged run is evidence, stored as unknown (null).
 _NONFINITE_ALLOWED = {("StepRecord", "loss")}
 
@@ -205,6 +208,8 @@ def _steps_ok(steps: columns.StepColumns) -> bool:
     ints = values[:, _STEP_INTS]
     if ints.size and (ints.max() >= float(INT64_MAX) or ints.min() <= -float(INT64_MAX)):
         return False
+    if steps.column("step").max(initial=0) > MAX_STEP:
+        return False
     if steps.column("rank").max(initial=0) > MAX_RANK:
         return False
     return "\x00" not in "".join(steps.job_ids)
@@ -271,11 +276,11 @@ def check_world(checked: Checked, world_sizes: dict[str, int], max_world_size: i
     """Raise DecodeError for a declared world size above `max_world_size`, or a rank at or past
     its job's world size (`world_sizes`; jobs not in it: past `max_world_size`). Ranks tied
     to the job keep storage and analysis proportional to ranks that exist."""
-    for cls in (schema.Job, schema.RankInfo):
-        for i, record in enumerate(checked.groups.get(cls, ())):
+    for declaring in (schema.Job, schema.RankInfo):
+        for i, record in enumerate(checked.groups.get(declaring, ())):
             if record.world_size > max_world_size:
                 raise DecodeError(
-                    cls.__name__,
+                    declaring.__name__,
                     "world_size",
                     f"record {i}: world size {record.world_size} exceeds the collector's limit "
                     f"of {max_world_size} (VIGIL_MAX_WORLD_SIZE)",
@@ -367,6 +372,10 @@ def _problem(record_type: str, field: str, value: object) -> str | None:
     elif isinstance(value, int):
         if abs(value) > INT64_MAX:
             return f"{value} does not fit in a signed 64-bit integer"
+        if record_type == "StepRecord" and field == "step" and value > MAX_STEP:
+            return (
+                f"step {value} is past the largest step vigil keeps exact ({MAX_STEP}, 2**53 - 1)"
+            )
         if field == "rank" and value > MAX_RANK:
             return f"rank {value} exceeds the collector's limit of {MAX_RANK}"
     elif isinstance(value, str) and "\x00" in value:

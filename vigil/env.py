@@ -69,3 +69,11 @@ class EnvVar(enum.StrEnum):
     MAX_WORLD_SIZE = "VIGIL_MAX_WORLD_SIZE"
     # Batches queued for the streaming analyzer before new ones are stored but not analysed.
     ANALYZER_MAX_PENDING = "VIGIL_ANALYZER_MAX_PENDING"
+    # Seconds a request may take to send its headers before the collector closes it.
+    HEADER_TIMEOUT_S = "VIGIL_HEADER_TIMEOUT_S"
+    # Connections and in-flight requests the collector serves at once (then 503).
+    MAX_CONNECTIONS = "VIGIL_MAX_CONNECTIONS"
+    # With auth on, "1" serves /metrics without a token (the default), "0" needs the read scope.
+    METRICS_PUBLIC = "VIGIL_METRICS_PUBLIC"
+    # With auth on, "1" serves /docs and /openapi.json without a token; default needs read.
+    DOCS_PUBLIC = "VIGIL_DOCS_PUBLIC"
