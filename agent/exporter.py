@@ -1,9 +1,10 @@
 """Prometheus /metrics for the node agent (prometheus-client's custom Collector contract).
 
 Per rank (labels job, rank, node): last step time, MFU, exposed communication wait, collective
-time, last step, seconds since progress, hang suspicion, SDK errors and drops. Per GPU / host:
-the sampler's readings (GPU ones labelled with the job, rank and pod using the device). The
-agent's own health: queue depth, dropped records, ship errors, spool bytes, hangs detected.
+time, last step, seconds since progress, hang suspicion, SDK errors, drops and quarantined
+batches. Per GPU / host: the sampler's readings (GPU ones labelled with the job, rank and pod
+using the device). The agent's own health: queue depth, dropped records, ship errors, spool
+bytes, hangs detected, quarantined batches, replayed spools of exited ranks.
 Names come from `vigil.metric_names`. Reads an `AgentView` snapshot; never touches pages itself.
 """
 
@@ -43,6 +44,8 @@ class AgentView:
     shipped_batches: int = 0
     spool_bytes: int = 0
     hangs_detected: int = 0
+    quarantined_batches: int = 0
+    replayed_spools: int = 0
 
 
 def _gauge(name: str, unit: Unit, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -104,6 +107,11 @@ _RANK_COUNTERS: list[tuple[str, str, Callable[[RankView], float]]] = [
         "dropped_records",
         "Records the rank's SDK dropped (queue or spool full).",
         lambda r: r.snapshot.health.dropped_records,
+    ),
+    (
+        "quarantined_batches",
+        "Batches of the rank's SDK the collector kept refusing (kept in its spool's quarantine/).",
+        lambda r: r.snapshot.health.quarantined_batches,
     ),
 ]
 
@@ -181,6 +189,16 @@ class AgentCollector(Collector):
             ("ship_errors", "Failed POSTs to the collector.", view.ship_errors),
             ("shipped_batches", "Batches the collector committed.", view.shipped_batches),
             ("hangs_detected", "Hung ranks the watchdog flagged.", view.hangs_detected),
+            (
+                "quarantined_batches",
+                "Batches the collector kept refusing, set aside in a spool's quarantine/.",
+                view.quarantined_batches,
+            ),
+            (
+                "replayed_spools",
+                "Spools of exited ranks the agent replayed to the collector.",
+                view.replayed_spools,
+            ),
         ):
             counter = _counter("agent", name, doc, [])
             counter.add_metric([], value)

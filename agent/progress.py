@@ -8,7 +8,7 @@ Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
 | 0      | meta    | SDK, once  | magic, version, ring capacity, pid, rank, world, job, node |
 | 256    | live    | SDK        | state, last step, last (group, seq, op), timestamps, ring head |
 | 384    | step    | SDK        | last step's time, MFU, comm wait, collective time, tokens, loss |
-| 512    | health  | SDK        | internal errors, dropped records, ship errors, queued records |
+| 512    | health  | SDK        | errors, dropped/queued records, ship errors, quarantined batches |
 | 576    | control | agent/SDK  | a control request (seq, kind) from the agent and the SDK's ack |
 | 1024   | ring    | SDK        | the last `capacity` collective events, 128-byte slots |
 
@@ -40,7 +40,7 @@ _META = struct.Struct("<8sIIIIIII4x128s64s")
 # state, last step, progress mono/wall, step start mono, last seq, last group, last op, ring head
 _LIVE = struct.Struct("<BxxxxxxxqdddQ32s24sQ")
 _STEP = struct.Struct("<qdddddqd")
-_HEALTH = struct.Struct("<QQQQ")
+_HEALTH = struct.Struct("<QQQQQ")
 _CONTROL = struct.Struct("<Q16s")
 _ACK = struct.Struct("<Q")
 _SLOT = struct.Struct("<QqQddd32s24s16s")
@@ -124,6 +124,7 @@ class Health:
     dropped_records: int = 0
     ship_errors: int = 0
     queued_records: int = 0
+    quarantined_batches: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -352,6 +353,7 @@ class PageWriter:
             health.dropped_records,
             health.ship_errors,
             health.queued_records,
+            health.quarantined_batches,
         )
 
     def control(self) -> tuple[int, str]:
@@ -445,6 +447,7 @@ class PageReader:
                 dropped_records=health[1],
                 ship_errors=health[2],
                 queued_records=health[3],
+                quarantined_batches=health[4],
             ),
         )
 

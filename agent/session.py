@@ -198,6 +198,7 @@ class Session:
                     spool_dir=spool,
                     token=cfg.token,
                     spool_max_bytes=cfg.spool_max_bytes,
+                    max_server_errors=cfg.max_server_errors,
                 ),
                 source=f"{cfg.node}/{cfg.rank_tag}",
             )
@@ -410,6 +411,7 @@ class Session:
                 dropped_records=dropped,
                 ship_errors=stats.ship_errors if stats else 0,
                 queued_records=len(self.queue),
+                quarantined_batches=stats.quarantined_batches if stats else 0,
             )
         )
 
@@ -423,7 +425,11 @@ class Session:
 
     def shutdown(self, state: schema.RankState = schema.RankState.FINISHED) -> None:
         """Flush and stop; `state` is the rank's last word (FAILED when an exception ended the
-        process before the training loop called shutdown)."""
+        process before the training loop called shutdown). Waits for the collector at most
+        `shutdown_timeout_s` in all; what it did not take stays spooled for the node agent."""
+        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+        if self.shipper is not None:
+            self.shipper.finish_by(deadline)
         atexit.unregister(self._at_exit)
         if self.cfg.time_collectives:
             patching.uninstall()
@@ -440,7 +446,7 @@ class Session:
                 state=state,
             )
         )
-        self.flusher.stop()
+        self.flusher.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         self._write_health()  # the final drain may have spooled (and dropped) more
         if self._stacks_file is not None:
             with contextlib.suppress(Exception):

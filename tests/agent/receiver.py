@@ -3,13 +3,15 @@
 POST `vigil.api.INGEST_PATH` with a codec frame: 200 + {"batch_id", "accepted", "duplicate"} once
 committed (a repeated batch id is stored once); 400 {"detail": "<Type>.<field>: <problem>"} for a
 frame that does not decode; 401 without the expected bearer token; 503 for the first
-`fail_first` requests (a collector that is starting up). Real HTTP on loopback, in a thread.
+`fail_first` requests (a collector that is starting up); `answer(batch)` may pick another status
+for a decoded batch (a collector failing on one batch). Real HTTP on loopback, in a thread.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,9 +19,18 @@ from vigil import api, codec, schema
 
 
 class Receiver:
-    def __init__(self, port: int = 0, *, token: str | None = None, fail_first: int = 0) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        token: str | None = None,
+        fail_first: int = 0,
+        answer: Callable[[schema.Batch], int | None] | None = None,
+    ) -> None:
         self.token = token
         self.fail_first = fail_first
+        self.answer = answer
+        self.answered: list[tuple[str, int]] = []  # (batch id, status) of every decoded batch
         self.requests = 0
         self.batch_ids: list[str] = []
         self.records: list[schema.Record] = []
@@ -52,6 +63,10 @@ class Receiver:
                 batch = codec.decode_batch(body)
             except codec.DecodeError as exc:
                 return _reply(request, 400, {"detail": str(exc)})
+            status = self.answer(batch) if self.answer else None
+            self.answered.append((batch.batch_id, status or 200))
+            if status is not None:
+                return _reply(request, status, {"detail": f"answered {status} by the test"})
             duplicate = batch.batch_id in self.batch_ids
             if not duplicate:
                 self.batch_ids.append(batch.batch_id)

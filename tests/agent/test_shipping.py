@@ -1,4 +1,5 @@
-"""Shipping to a collector: outage for a whole run, spool bound, replay, rejection, retries.
+"""Shipping to a collector: outage for a whole run, spool bound, replay, auth, retries, and how
+long shutdown may wait for a collector that accepts connections but never answers.
 
 Talks real HTTP to `receiver.Receiver` (the ingest contract) on loopback; the SDK session is the
 real one, in this process, with a tiny model.
@@ -6,7 +7,9 @@ real one, in this process, with a tiny model.
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +17,8 @@ import torch
 
 import vigil.agent
 from tests.agent import conftest, receiver
-from vigil import schema
-from vigil.agent import config, progress, shipping
+from vigil import codec, schema
+from vigil.agent import config, progress, shipping, spool
 
 pytestmark = pytest.mark.integration
 STEPS = 150
@@ -59,14 +62,15 @@ def test_collector_down_for_the_whole_run_then_replay(tmp_path: Path) -> None:
     # Training completed and was never held up by the unreachable collector.
     assert len(durations) == STEPS
     assert sorted(durations)[STEPS // 2] < 0.05
-    spool = shipping.Spool(spool_dir, max_bytes=bound)
-    assert 0 < spool.size_bytes() <= bound
+    left = spool.Spool(spool_dir, max_bytes=bound)  # shutdown released the owner lock
+    assert 0 < left.size_bytes() <= bound
     assert session.shipper.spool.dropped_records > 0
     assert session.shipper.stats.ship_errors > 0
     reader = progress.PageReader(progress.page_path(tmp_path / "pages", "outage", 0))
     assert reader.snapshot().health.dropped_records == session.shipper.spool.dropped_records
     reader.close()
-    waiting = sum(b.num_records for b in spool.pending())
+    waiting = sum(b.num_records for b in left.pending())
+    left.close()
 
     collector = receiver.Receiver(port)
     try:
@@ -77,13 +81,14 @@ def test_collector_down_for_the_whole_run_then_replay(tmp_path: Path) -> None:
         )
         assert replayer.replay()
         assert replayer.replay()  # nothing left: a second replay sends nothing
+        assert replayer.spool.pending() == [] and replayer.spool.size_bytes() == 0
         replayer.close()
     finally:
         collector.stop()
     # Everything that stayed within the bound arrived, once, oldest first.
     assert len(collector.records) == waiting
     assert len(set(collector.batch_ids)) == len(collector.batch_ids) == collector.requests
-    assert spool.pending() == []
+    assert list(spool_dir.glob("*.vgl")) == []
     steps = [r.step for r in collector.records if isinstance(r, schema.StepRecord)]
     assert steps == list(range(STEPS - len(steps), STEPS))  # the newest, contiguous, in order
     # Within a batch, step records (the columnar block) come after the other records.
@@ -100,17 +105,20 @@ def _beat(i: int) -> schema.Heartbeat:
     return schema.Heartbeat(job_id="j", rank=0, time_s=float(i), last_step=i)
 
 
-def test_rejected_batch_is_counted_and_never_retried(tmp_path: Path) -> None:
+def test_a_refused_token_keeps_batches_until_a_sender_with_the_right_one(tmp_path: Path) -> None:
     collector = receiver.Receiver(token="secret")
     try:
         shipper = _shipper(tmp_path, collector.url)  # no token: the collector answers 401
         shipper.write([_beat(1), _beat(2)])
         shipper.write([_beat(3)])
-        assert shipper.stats.rejected_batches == 2 and collector.requests == 2
-        assert shipper.spool.pending() == [] and collector.records == []
+        # Not the batches' fault: one try per round, nothing quarantined, nothing lost.
+        assert collector.requests == 2 and collector.records == []
+        assert len(shipper.spool.pending()) == 2 and shipper.stats.quarantined_batches == 0
+        shipper.close()
         authed = _shipper(tmp_path, collector.url, token="secret")
         authed.write([_beat(4)])
-        assert [r.last_step for r in collector.records] == [4]  # type: ignore[union-attr]
+        assert [r.last_step for r in collector.records] == [1, 2, 3, 4]  # type: ignore[union-attr]
+        authed.close()
     finally:
         collector.stop()
 
@@ -140,3 +148,51 @@ def test_server_errors_are_retried_with_backoff_then_spooled(tmp_path: Path) -> 
 
 def test_backoff_schedule_doubles_up_to_the_cap() -> None:
     assert list(shipping.backoff_delays(0.2, 1.0, 5)) == [0.0, 0.2, 0.4, 0.8, 1.0]
+
+
+@pytest.fixture
+def silent_collector() -> Iterator[str]:
+    """A collector that accepts TCP connections and never answers (the kernel's backlog
+    accepts them; nobody reads)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_shutdown_waits_for_a_silent_collector_at_most_its_total_timeout(
+    tmp_path: Path, silent_collector: str
+) -> None:
+    spool_dir = tmp_path / "spool"
+    session = vigil.agent.init(
+        job="silent",
+        collector=silent_collector,
+        progress_dir=tmp_path / "pages",
+        spool_dir=spool_dir,
+        flush_interval_s=0.05,
+        shutdown_timeout_s=1.0,  # each POST may wait 5 s (timeout_s): the total is what counts
+        measure_cpu_peak=False,
+    )
+    assert session is not None
+    _train(20)
+    time.sleep(0.2)  # the flusher is now inside a POST that will never be answered
+    start = time.monotonic()
+    vigil.agent.shutdown()
+    took = time.monotonic() - start
+    assert took < 2.0, f"shutdown took {took:.1f} s with a 1 s budget"
+    # The last word did not go: it waits in the spool for the node agent. (The flusher thread
+    # is still in its unanswered POST; when that times out it spools its batch and lets go.)
+    left = conftest.poll_until(
+        lambda: _try_open(spool_dir), timeout_s=10, what="the flusher to let go of the spool"
+    )
+    records = [r for b in left.pending() for r in codec.decode_batch(b.path.read_bytes()).records]
+    left.close()
+    beats = [r for r in records if isinstance(r, schema.Heartbeat)]
+    assert beats and beats[-1].state is schema.RankState.FINISHED
+
+
+def _try_open(directory: Path) -> spool.Spool | None:
+    try:
+        return spool.Spool(directory, max_bytes=config.DEFAULT_SPOOL_MAX_BYTES)
+    except spool.SpoolBusyError:
+        return None
