@@ -5,7 +5,8 @@ collects the rank's stacks (py-spy, faulthandler fallback) and collective ring b
 them as evidence (a `hang` Finding whose evidence note holds the stacks, the ring's
 CollectiveEvents and a Heartbeat). Each sample interval it samples NVML (or the host) and queues
 `Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
-through the same queue/flusher/shipper as the SDK (spooling while the collector is away).
+through the same queue/flusher/shipper as the SDK (spooling while the collector is away); on the
+flusher thread it also replays the spools exited ranks left behind (`orphans.py`).
 
 Owns its thread(s), its HTTP server and its output; never writes to a training process except
 through the page's control block.
@@ -25,7 +26,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from vigil import schema
-from vigil.agent import config, exporter, progress, sampler, shipping, sinks, stacks, watchdog
+from vigil.agent import (
+    config,
+    exporter,
+    orphans,
+    progress,
+    sampler,
+    shipping,
+    sinks,
+    stacks,
+    watchdog,
+)
 
 log = logging.getLogger(__name__)
 _MAX_STACK_NOTE = 64 * 1024
@@ -71,11 +82,12 @@ class Agent:
         )
         self.queue = sinks.RecordQueue(100_000)
         self.shipper: shipping.Shipper | None = None
+        self.orphans: orphans.OrphanSpools | None = None
         self.flusher = sinks.Flusher(
             queue=self.queue,
             sink=self._make_sink(),
             interval_s=1.0,
-            tick=lambda: None,
+            tick=self._ship_tick,
             on_error=lambda exc: log.warning("agent flush failed: %r", exc),
             name="vigil-agent-ship",
         )
@@ -93,15 +105,21 @@ class Agent:
         cfg = self.cfg
         if cfg.collector:
             spool = cfg.spool_dir or cfg.progress_dir / f"agent-{cfg.node}.spool"
-            self.shipper = shipping.Shipper(
-                config.ShipperConfig(
-                    collector_url=cfg.collector,
-                    spool_dir=spool,
-                    token=cfg.token,
-                    spool_max_bytes=cfg.spool_max_bytes,
-                ),
-                source=f"{cfg.node}/agent",
+            ship_cfg = config.ShipperConfig(
+                collector_url=cfg.collector,
+                spool_dir=spool,
+                token=cfg.token,
+                spool_max_bytes=cfg.spool_max_bytes,
+                max_server_errors=cfg.max_server_errors,
             )
+            self.shipper = shipping.Shipper(ship_cfg, source=f"{cfg.node}/agent")
+            if cfg.replay_orphans:
+                self.orphans = orphans.OrphanSpools(
+                    cfg.progress_dir,
+                    cfg=ship_cfg,
+                    sender=self.shipper.sender,
+                    skip=self.shipper.spool.directory,
+                )
             return self.shipper
         out = cfg.output_dir or Path("vigil-output")
         return sinks.JsonlSink(out / "_agent" / f"agent-{cfg.node}.jsonl")
@@ -135,15 +153,25 @@ class Agent:
             stop.wait(self.cfg.poll_interval_s)
 
     def stop(self) -> None:
+        """Stop serving and shipping; waits at most `shutdown_timeout_s` for the collector."""
         self._stop.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-        self.flusher.stop()
+        if self.shipper is not None:
+            self.shipper.finish_by(time.monotonic() + self.cfg.shutdown_timeout_s)
+        self.flusher.stop(timeout_s=self.cfg.shutdown_timeout_s)
+        if self.orphans is not None:
+            self.orphans.close()
         for tracked in self._tracked.values():
             tracked.reader.close()
         if self.gpus is not None:
             self.gpus.close()
+
+    def _ship_tick(self) -> None:
+        """The flusher's periodic work before it ships the queue: replay exited ranks' spools."""
+        if self.orphans is not None:
+            self.orphans.tick()
 
     # -- one poll -------------------------------------------------------------------------
     def poll(self) -> list[watchdog.HangSuspect]:
@@ -297,6 +325,8 @@ class Agent:
             shipped_batches=stats.shipped_batches,
             spool_bytes=spool.size_bytes() if spool else 0,
             hangs_detected=self.hangs_detected,
+            quarantined_batches=stats.quarantined_batches,
+            replayed_spools=self.orphans.replayed_spools if self.orphans else 0,
         )
 
 
