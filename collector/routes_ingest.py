@@ -9,6 +9,7 @@ Must not block the event loop: decoding and writing run in the thread pool.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -127,11 +128,22 @@ def router(ctx: CollectorContext) -> APIRouter:
     return routes
 
 
+# Batches that inflate past 1 MiB (or do not say) decode and store two at a time: each may hold
+# tens of MB of inflated bytes and decoded records, and the thread pool would otherwise run
+# dozens at once (small frames can inflate a thousandfold).
+_LARGE_BYTES = 1 << 20
+_LARGE_AT_ONCE = threading.BoundedSemaphore(2)
+
+
 def _commit_guarded(ctx: CollectorContext, body: bytes, header_id: str | None) -> Response:
     """`_commit`, answering a bug with a 500 here, in the worker thread: an exception that
     travelled on through the thread pool and the middleware would keep its frames (and the
     batch they hold) alive in reference cycles until a full garbage collection."""
     try:
+        inflated = codec.inflated_size(body)
+        if inflated < 0 or inflated > _LARGE_BYTES:
+            with _LARGE_AT_ONCE:
+                return _commit(ctx, body, header_id)
         return _commit(ctx, body, header_id)
     except Exception as exc:
         log.error(

@@ -194,6 +194,19 @@ def _array_length(raw: msgspec.Raw) -> int:
     return 0
 
 
+def inflated_size(data: bytes) -> int:
+    """How many bytes a frame's payload inflates to, as far as its header says (-1: it does not
+    say, a streamed zstd frame or not a frame); costs nothing, decompresses nothing."""
+    if len(data) < len(MAGIC) + 1 or bytes(data[: len(MAGIC)]) != MAGIC:
+        return -1
+    if not data[len(MAGIC)] & FLAG_ZSTD:
+        return len(data) - len(MAGIC) - 1
+    try:
+        return int(zstandard.frame_content_size(bytes(data[len(MAGIC) + 1 : len(MAGIC) + 19])))
+    except zstandard.ZstdError:
+        return -1
+
+
 def _decompress(payload: bytes, limit: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(payload)  # -1: the frame does not say
