@@ -101,7 +101,15 @@ def router(ctx: CollectorContext) -> APIRouter:
         },
     )
     async def ingest(request: Request) -> Response:
-        """Store one batch framed by `vigil.codec.encode_batch`, exactly once."""
+        """Store one batch framed by `vigil.codec.encode_batch`, exactly once.
+
+        Bounds (settings): the body at most VIGIL_MAX_BATCH_BYTES (32 MiB), inflated at most
+        VIGIL_MAX_BATCH_INFLATED_BYTES (64 MiB), at most VIGIL_MAX_BATCH_RECORDS records
+        (100,000); names 1-256 characters, other strings at most 256, a finding's summary, an
+        evidence note and an action's result at most 4,096; a finding's subjects at most 4,096
+        of each kind and at most 64 evidence entries; ranks below their job's declared world
+        size (at most VIGIL_MAX_WORLD_SIZE, 131,072, also for jobs that declared none); step
+        numbers below 2**53. Anything past a bound is a 413 or 422 naming the field."""
         try:
             check(request)
         except HTTPException as exc:
