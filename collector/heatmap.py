@@ -1,17 +1,21 @@
 """Rank x step matrices of step time, exposed communication wait or MFU, for heatmaps.
 
-Reads the packed per-step arrays of `matrix` (one row per step, not per cell), so a 1,024-rank x
-1,000-step matrix is 1,000 rows. Ranges wider than `max_steps` are averaged over runs of `stride`
-consecutive steps. Missing cells are NaN here and null in JSON. Must not write.
+Reads the packed per-chunk arrays of `matrix` (one row per step and chunk of 1,024 ranks, not
+per cell), so a 1,024-rank x 1,000-step matrix is 1,000 rows. Only ranks with at least one value
+in the range are listed, so a job whose only rank is 131,071 answers one column, not 131,072.
+Ranges wider than `max_steps` are averaged over runs of `stride` consecutive steps. Missing cells
+are NaN here and null in JSON. Must not write.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from array import array
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
@@ -33,54 +37,88 @@ def heatmap(
     step_end: int,
     max_steps: int,
 ) -> dict[str, Any]:
-    """`values[i][r]`: the metric of rank `r` over the steps of column `i` (`steps[i]` onward)."""
+    """`values[i][j]`: the metric of rank `ranks[j]` over the steps of column `i` (`steps[i]`
+    onward); `ranks` are the ranks with a value in the range, sorted."""
     t = tables.step_matrix
     column = t.c[str(metric)]
-    rows: list[Any] = list(
-        conn.execute(
-            select(t.c.step, column)
-            .where(t.c.job_id == job_id, t.c.step.between(step_start, step_end))
-            .order_by(t.c.step)
-        )
-    )
+    rows = conn.execute(
+        select(t.c.step, t.c.chunk, column)
+        .where(t.c.job_id == job_id, t.c.step.between(step_start, step_end))
+        .order_by(t.c.step, t.c.chunk)
+    ).all()
     stride = max(1, math.ceil((step_end - step_start + 1) / max_steps)) if rows else 1
-    num_ranks = max((len(blob) // 8 for _, blob in rows), default=0)
-    if stride == 1:
-        steps = [step for step, _ in rows]
-        values = [_padded(matrix.unpack(blob), num_ranks) for _, blob in rows]
-    else:
-        steps, values = _downsample(rows, step_start, stride, num_ranks)
+    steps, ranks, values = _columns(rows, step_start, stride)
     return {
         "job_id": job_id,
         "metric": str(metric),
         "stride": stride,
-        "ranks": list(range(num_ranks)),
+        "ranks": ranks,
         "steps": steps,
         "values": values,
     }
 
 
-def _padded(values: array[float], width: int) -> list[float]:
-    out = values.tolist()
-    if len(out) < width:
-        out.extend([math.nan] * (width - len(out)))
-    return out
+def _columns(
+    rows: Sequence[Any], step_start: int, stride: int
+) -> tuple[list[int], list[int], list[list[float]]]:
+    """Pure: (step, chunk, array) rows by step then chunk as the first step of each column,
+    the ranks with a value and per column each rank's mean over the column's steps (NaN where
+    it has none)."""
+    if not rows:
+        return [], [], []
+    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    chunks = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+    lengths = np.fromiter((len(r[2]) // 8 for r in rows), dtype=np.int64, count=len(rows))
+    data = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f8")
+    firsts, column_of_row = np.unique(
+        step_start + (steps - step_start) // stride * stride, return_inverse=True
+    )
+    num_columns = len(firsts)
+    dense = _dense(chunks, lengths, column_of_row.reshape(-1), data) if stride == 1 else None
+    if dense is not None:
+        return firsts.tolist(), dense.tolist(), data.reshape(num_columns, -1).tolist()
+    # Each cell's rank and column; then only the cells with a value.
+    cell_ranks = _ranks(chunks, lengths)
+    cell_columns = np.repeat(column_of_row.reshape(-1), lengths)
+    present = ~np.isnan(data)
+    cell_ranks, cell_columns, cell_values = (
+        cell_ranks[present],
+        cell_columns[present],
+        data[present],
+    )
+    listed = np.zeros(int(cell_ranks.max(initial=-1)) + 1, dtype=bool)  # <= MAX_RANK + 1 bytes
+    listed[cell_ranks] = True
+    ranks = np.flatnonzero(listed)
+    cells = cell_columns * len(ranks) + (np.cumsum(listed) - 1)[cell_ranks]
+    size = num_columns * len(ranks)
+    # bincount adds in row order: each mean sums its steps in step order.
+    sums = np.bincount(cells, weights=cell_values, minlength=size)
+    counts = np.bincount(cells, minlength=size)
+    grid = np.divide(sums, counts, out=np.full(size, math.nan), where=counts > 0)
+    return firsts.tolist(), ranks.tolist(), grid.reshape(num_columns, len(ranks)).tolist()
 
 
-def _downsample(
-    rows: list[Any], step_start: int, stride: int, width: int
-) -> tuple[list[int], list[list[float]]]:
-    """Mean of each rank over each run of `stride` steps (NaN cells ignored)."""
-    columns: dict[int, tuple[list[float], list[int]]] = {}
-    for step, blob in rows:
-        first = step_start + (step - step_start) // stride * stride
-        sums, counts = columns.setdefault(first, ([0.0] * width, [0] * width))
-        for rank, value in enumerate(matrix.unpack(blob)):
-            if not math.isnan(value):
-                sums[rank] += value
-                counts[rank] += 1
-    steps = sorted(columns)
-    values = [
-        [s / n if n else math.nan for s, n in zip(*columns[first], strict=True)] for first in steps
-    ]
-    return steps, values
+def _dense(
+    chunks: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    column_of_row: npt.NDArray[np.int64],
+    data: npt.NDArray[np.float64],
+) -> npt.NDArray[np.int64] | None:
+    """Pure: the ranks of a read where every step has the same chunks, each as wide, and no
+    cell is missing (a dense job, the usual case): the arrays are the matrix as they lie.
+    None otherwise."""
+    rows_per_column = np.bincount(column_of_row)
+    per_step = int(rows_per_column[0])
+    if (rows_per_column != per_step).any() or np.isnan(data).any():
+        return None
+    num_columns = len(rows_per_column)
+    layout = np.stack((chunks, lengths)).reshape(2, num_columns, per_step)
+    if not (layout == layout[:, :1, :]).all():
+        return None
+    return _ranks(layout[0, 0], layout[1, 0])
+
+
+def _ranks(chunks: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Pure: the rank of every cell of arrays `lengths` long of `chunks`, laid end to end."""
+    starts = np.cumsum(lengths) - lengths
+    return np.repeat(chunks * matrix.CHUNK_RANKS - starts, lengths) + np.arange(lengths.sum())

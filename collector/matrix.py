@@ -1,11 +1,14 @@
-"""Rank-major step matrices: per (job, step) one float64 array per heatmap metric.
+"""Rank-major step matrices: per (job, step, chunk of 1,024 ranks) one float64 array per metric.
 
 A rank x step heatmap of a 1,024-rank job over 1,000 steps is a million cells; reading them as a
-million rows costs seconds, reading 1,000 rows of packed arrays costs milliseconds. Ingest patches
-the cells of the ranks a batch carries (a re-run step overwrites its cells, like step_records):
-SQLite reads, patches in numpy and writes back (one writer at a time); PostgreSQL overlays each
-run of adjacent ranks in the server, so stored matrices never travel. Pure packing helpers plus
-the SQL; must not commit.
+million rows costs seconds, reading 1,000 rows of packed arrays costs milliseconds. A step's ranks
+are split into chunks of `CHUNK_RANKS` (chunk = rank // 1024, cell = rank % 1024), and a chunk's
+row exists only where one of its ranks reported, so storage follows the ranks that report, not
+the largest rank number (one record of rank 131,071 costs 8 KiB per metric, not 1 MiB).
+Ingest patches the cells of the ranks a batch carries (a re-run step overwrites its cells, like
+step_records): SQLite reads, patches in numpy and writes back (one writer at a time); PostgreSQL
+overlays each run of adjacent ranks (runs end at chunk boundaries) in the server, so stored
+matrices never travel. Pure packing helpers plus the SQL; must not commit.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -28,6 +30,9 @@ from vigil import columns, schema
 from vigil.collector import dialects, tables
 
 METRICS = ("step_time", "comm_wait", "mfu")
+# Ranks per stored row: a lone reporting rank costs at most 8 KiB per metric, and a job of up to
+# 1,024 ranks still reads one row per step.
+CHUNK_RANKS = 1024
 NAN = math.nan
 
 
@@ -36,12 +41,11 @@ def struct_columns(cls: type[msgspec.Struct]) -> list[str]:
     return ["group_name" if f == "group" else f for f in cls.__struct_fields__]
 
 
-# Step rows are StepRecord field tuples (see writes.py): these are their positions.
+# Step rows are StepRecord field tuples (see writes.py), in this column order.
 STEP_COLUMNS = struct_columns(schema.StepRecord)
-_JOB, _STEP, _RANK = (STEP_COLUMNS.index(c) for c in ("job_id", "step", "rank"))
-_START, _END = STEP_COLUMNS.index("start_s"), STEP_COLUMNS.index("end_s")
-_COMM_WAIT, _MFU = STEP_COLUMNS.index("comm_wait_s"), STEP_COLUMNS.index("mfu")
 _NO_BLOBS = (b"", b"", b"")
+# A stored row's key: (job_id, step, chunk).
+RowKey = tuple[str, int, int]
 
 
 def pack(values: array[float]) -> bytes:
@@ -60,58 +64,61 @@ def unpack(blob: bytes) -> array[float]:
     return values
 
 
-def widened(blob: bytes | None, width: int) -> array[float]:
-    """A packed array as an array of at least `width` cells, padded with NaN (missing)."""
-    cells = unpack(blob) if blob else array("d")
-    if width > len(cells):
-        cells.extend(repeat(NAN, width - len(cells)))
-    return cells
-
-
 @dataclass(frozen=True, kw_only=True)
 class Runs:
-    """A batch's cells as contiguous runs of ranks, each run's values packed per metric.
+    """A batch's cells as contiguous runs of ranks within one chunk, values packed per metric.
 
-    `level[i]` is run i's position among the runs of its (job, step): one SQL UPDATE can patch
-    a row once, so runs of equal level go together. Keys are sorted; runs follow key then rank.
+    `offsets[i]` is run i's first cell within its chunk (rank % CHUNK_RANKS). `level[i]` is run
+    i's position among the runs of its (job, step, chunk) row: one SQL UPDATE can patch a row
+    once, so runs of equal level go together. Rows are sorted; runs follow row key then rank.
     """
 
     job_ids: list[str]
     steps: list[int]
-    first_ranks: list[int]
+    chunks: list[int]
+    offsets: list[int]
     blobs: tuple[list[bytes], list[bytes], list[bytes]]  # per METRICS, per run
     levels: list[int]
 
 
 def runs(rows: Sequence[tuple[Any, ...]], steps: columns.StepColumns | None = None) -> Runs:
     """Pure: step `rows` (STEP_COLUMNS order; `steps` their columns, if built already) as runs
-    of adjacent ranks; a later row for the same cell wins."""
+    of adjacent ranks that never cross a chunk boundary; a later row for the same cell wins."""
     steps = steps if steps is not None else columns.from_rows(rows)
     key_ids, keys = _keys(steps)
     n = len(steps)
     rank_ids = steps.column("rank").astype(np.int64)
     width = int(rank_ids.max()) + 1
     # np.unique sorts: cells come out by key, then rank; the reversed view keeps the last row.
-    cells, last_reversed = np.unique((key_ids * width + rank_ids)[::-1], return_index=True)
+    cell_ids, last_reversed = np.unique((key_ids * width + rank_ids)[::-1], return_index=True)
     keep = n - 1 - last_reversed
     values = _metric_values(steps, keep)
-    cell_keys, cell_ranks = np.divmod(cells, width)
-    # A run breaks where the key changes or a rank is skipped.
-    breaks = np.flatnonzero((np.diff(cell_keys) != 0) | (np.diff(cell_ranks) != 1)) + 1
+    cell_keys, cell_ranks = np.divmod(cell_ids, width)
+    cell_chunks, cell_offsets = np.divmod(cell_ranks, CHUNK_RANKS)
+    # A run breaks where the key changes, a rank is skipped or a new chunk begins.
+    breaks = (
+        np.flatnonzero(
+            (np.diff(cell_keys) != 0) | (np.diff(cell_ranks) != 1) | (cell_offsets[1:] == 0)
+        )
+        + 1
+    )
     starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [len(cells)]))
-    run_keys = cell_keys[starts]
-    new_key = np.concatenate(([True], run_keys[1:] != run_keys[:-1]))
-    first_of_key = np.maximum.accumulate(np.where(new_key, np.arange(len(starts)), 0))
+    ends = np.concatenate((breaks, [len(cell_ids)]))
+    run_keys, run_chunks = cell_keys[starts], cell_chunks[starts]
+    new_row = np.concatenate(
+        ([True], (run_keys[1:] != run_keys[:-1]) | (run_chunks[1:] != run_chunks[:-1]))
+    )
+    first_of_row = np.maximum.accumulate(np.where(new_row, np.arange(len(starts)), 0))
     return Runs(
         job_ids=[keys[k][0] for k in run_keys.tolist()],
         steps=[keys[k][1] for k in run_keys.tolist()],
-        first_ranks=cell_ranks[starts].tolist(),
+        chunks=run_chunks.tolist(),
+        offsets=cell_offsets[starts].tolist(),
         blobs=tuple(  # type: ignore[arg-type]
             [v[a:b].tobytes() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
             for v in values
         ),
-        levels=(np.arange(len(starts)) - first_of_key).tolist(),
+        levels=(np.arange(len(starts)) - first_of_row).tolist(),
     )
 
 
@@ -130,6 +137,19 @@ def _keys(
     index = {key: i for i, key in enumerate(keys)}
     n = len(steps)
     return np.fromiter(map(index.__getitem__, keys_of_rows), dtype=np.int64, count=n), keys
+
+
+def _row_keys(
+    steps: columns.StepColumns,
+) -> tuple[npt.NDArray[np.int64], list[RowKey]]:
+    """Per record, the index of its stored row among the batch's sorted distinct row keys."""
+    key_ids, keys = _keys(steps)
+    chunk_ids = steps.column("rank").astype(np.int64) // CHUNK_RANKS
+    num_chunks = int(chunk_ids.max()) + 1
+    distinct, inverse = np.unique(key_ids * num_chunks + chunk_ids, return_inverse=True)
+    key_of, chunk_of = np.divmod(distinct, num_chunks)
+    row_keys = [(*keys[k], c) for k, c in zip(key_of.tolist(), chunk_of.tolist(), strict=True)]
+    return inverse.astype(np.int64).reshape(-1), row_keys
 
 
 def _metric_values(
@@ -183,17 +203,18 @@ def write(
 
 # NaN (missing) as stored: little-endian float64 quiet NaN.
 _NAN_HEX = "000000000000f87f"
-_PG_MISSING = """
-INSERT INTO step_matrix (job_id, step, step_time, comm_wait, mfu)
-SELECT k.job_id, k.step, '', '', '' FROM unnest(%s::text[], %s::int8[]) AS k(job_id, step)
-ORDER BY 1, 2
+_PG_KEYS = "unnest(%s::text[], %s::int8[], %s::int4[]) AS k(job_id, step, chunk)"
+_PG_MISSING = f"""
+INSERT INTO step_matrix (job_id, step, chunk, step_time, comm_wait, mfu)
+SELECT k.job_id, k.step, k.chunk, '', '', '' FROM {_PG_KEYS}
+ORDER BY 1, 2, 3
 ON CONFLICT DO NOTHING
 """
-# Row locks in key order, so concurrent batches on shared steps queue instead of deadlocking.
-_PG_LOCK = """
-SELECT 1 FROM step_matrix AS m JOIN unnest(%s::text[], %s::int8[]) AS k(job_id, step)
-ON m.job_id = k.job_id AND m.step = k.step
-ORDER BY m.job_id, m.step FOR UPDATE OF m
+# Row locks in key order, so concurrent batches on shared rows queue instead of deadlocking.
+_PG_LOCK = f"""
+SELECT 1 FROM step_matrix AS m JOIN {_PG_KEYS}
+ON m.job_id = k.job_id AND m.step = k.step AND m.chunk = k.chunk
+ORDER BY m.job_id, m.step, m.chunk FOR UPDATE OF m
 """
 
 
@@ -205,9 +226,9 @@ def _pg_patched(column: str) -> str:
 
 _PG_PATCH = f"""
 UPDATE step_matrix AS m SET {", ".join(_pg_patched(c) for c in METRICS)}
-FROM unnest(%b::text[], %b::int8[], %b::int4[], %b::bytea[], %b::bytea[], %b::bytea[])
-    AS r(job_id, step, off, {", ".join(METRICS)})
-WHERE m.job_id = r.job_id AND m.step = r.step
+FROM unnest(%b::text[], %b::int8[], %b::int4[], %b::int4[], %b::bytea[], %b::bytea[], %b::bytea[])
+    AS r(job_id, step, chunk, off, {", ".join(METRICS)})
+WHERE m.job_id = r.job_id AND m.step = r.step AND m.chunk = r.chunk
 """
 
 
@@ -217,11 +238,11 @@ def _write_postgres(conn: Connection, patch: Runs) -> None:
     re-reads a row changed by a concurrent batch once its lock is granted)."""
     driver = conn.connection.driver_connection
     assert driver is not None
-    keys = sorted(set(zip(patch.job_ids, patch.steps, strict=True)))
-    key_jobs, key_steps = [k[0] for k in keys], [k[1] for k in keys]
+    keys = sorted(set(zip(patch.job_ids, patch.steps, patch.chunks, strict=True)))
+    key_columns = tuple([k[i] for k in keys] for i in range(3))
     with driver.pipeline(), driver.cursor() as cursor:
-        cursor.execute(_PG_MISSING, (key_jobs, key_steps))
-        cursor.execute(_PG_LOCK, (key_jobs, key_steps))
+        cursor.execute(_PG_MISSING, key_columns)
+        cursor.execute(_PG_LOCK, key_columns)
         for level in range(max(patch.levels) + 1):
             chosen = [i for i, run_level in enumerate(patch.levels) if run_level == level]
             cursor.execute(
@@ -229,7 +250,8 @@ def _write_postgres(conn: Connection, patch: Runs) -> None:
                 (
                     [patch.job_ids[i] for i in chosen],
                     [patch.steps[i] for i in chosen],
-                    [patch.first_ranks[i] * 8 for i in chosen],
+                    [patch.chunks[i] for i in chosen],
+                    [patch.offsets[i] * 8 for i in chosen],
                     *([blobs[i] for i in chosen] for blobs in patch.blobs),
                 ),
             )
@@ -237,51 +259,50 @@ def _write_postgres(conn: Connection, patch: Runs) -> None:
 
 def _write_sqlite(conn: Connection, steps: columns.StepColumns) -> None:
     """Read, patch in numpy, write back: SQLite's one writer at a time makes this safe."""
-    key_ids, keys = _keys(steps)
+    row_ids, keys = _row_keys(steps)
     current = _read(conn, keys)
     n = len(steps)
-    rank_ids = steps.column("rank").astype(np.int64)
-    # Each (job, step) keeps at least its stored width and covers the ranks this batch has for it.
+    offsets = steps.column("rank").astype(np.int64) % CHUNK_RANKS
+    # Each row keeps at least its stored width and covers the cells this batch has for it;
+    # rows lie end to end in one flat array per metric.
     seen = np.zeros(len(keys), dtype=np.int64)
-    np.maximum.at(seen, key_ids, rank_ids + 1)
+    np.maximum.at(seen, row_ids, offsets + 1)
     widths = [
-        max(len(current.get(key, _NO_BLOBS)[0]) // 8, int(top))
+        max(len(current.get(key, _NO_BLOBS)[0]) // 8, top)
         for key, top in zip(keys, seen.tolist(), strict=True)
     ]
-    width = max(widths)
-    grid = np.full((len(METRICS), len(keys), width), NAN, dtype="<f8")
+    bounds = np.concatenate(([0], np.cumsum(widths))).tolist()
+    flat = np.full((len(METRICS), bounds[-1]), NAN, dtype="<f8")
     for i, key in enumerate(keys):
         for m, blob in enumerate(current.get(key, _NO_BLOBS)):
             if blob:
-                grid[m, i, : len(blob) // 8] = np.frombuffer(blob, dtype="<f8")
+                flat[m, bounds[i] : bounds[i] + len(blob) // 8] = np.frombuffer(blob, dtype="<f8")
     # A later row for the same cell wins: keep each cell's last occurrence only.
-    cells = key_ids * width + rank_ids
-    _, last_reversed = np.unique(cells[::-1], return_index=True)
+    positions = np.asarray(bounds[:-1], dtype=np.int64)[row_ids] + offsets
+    _, last_reversed = np.unique(positions[::-1], return_index=True)
     keep = n - 1 - last_reversed
-    flat = grid.reshape(len(METRICS), -1)
     for m, values in enumerate(_metric_values(steps, keep)):
-        flat[m, cells[keep]] = values
+        flat[m, positions[keep]] = values
     patched = [
         {
             "job_id": key[0],
             "step": key[1],
-            **{m: grid[j, i, : widths[i]].tobytes() for j, m in enumerate(METRICS)},
+            "chunk": key[2],
+            **{m: flat[j, bounds[i] : bounds[i + 1]].tobytes() for j, m in enumerate(METRICS)},
         }
         for i, key in enumerate(keys)
     ]
     dialects.upsert(conn, tables.step_matrix, patched)
 
 
-def _read(
-    conn: Connection, keys: Sequence[tuple[str, int]]
-) -> dict[tuple[str, int], tuple[bytes, bytes, bytes]]:
+def _read(conn: Connection, keys: Sequence[RowKey]) -> dict[RowKey, tuple[bytes, bytes, bytes]]:
     t = tables.step_matrix
-    found: dict[tuple[str, int], tuple[bytes, bytes, bytes]] = {}
+    found: dict[RowKey, tuple[bytes, bytes, bytes]] = {}
     for start in range(0, len(keys), 500):  # bounded IN lists
-        chunk = keys[start : start + 500]
-        query = select(t.c.job_id, t.c.step, t.c.step_time, t.c.comm_wait, t.c.mfu).where(
-            tuple_(t.c.job_id, t.c.step).in_(chunk)
-        )
-        for job_id, step, *blobs in conn.execute(query):
-            found[(job_id, step)] = (blobs[0], blobs[1], blobs[2])
+        part = keys[start : start + 500]
+        query = select(
+            t.c.job_id, t.c.step, t.c.chunk, t.c.step_time, t.c.comm_wait, t.c.mfu
+        ).where(tuple_(t.c.job_id, t.c.step, t.c.chunk).in_(part))
+        for job_id, step, chunk, *blobs in conn.execute(query):
+            found[(job_id, step, chunk)] = (blobs[0], blobs[1], blobs[2])
     return found

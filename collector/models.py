@@ -98,7 +98,9 @@ class RankAggregatePublic(BaseModel):
 
 
 class HeatmapPublic(BaseModel):
-    """`values[i][r]` is rank `ranks[r]` over steps `steps[i]` .. `steps[i] + stride - 1`."""
+    """`values[i][r]` is rank `ranks[r]` over steps `steps[i]` .. `steps[i] + stride - 1` (the
+    mean of the steps it reported, null if none); `ranks` are the ranks with at least one value
+    in the range, sorted."""
 
     job_id: str
     metric: str

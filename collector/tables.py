@@ -92,13 +92,15 @@ step_records = Table(
     Column("peak_memory_bytes", BigInteger, nullable=False),
 )
 
-# Rank-major columns of one step (little-endian float64 arrays indexed by rank, NaN = missing):
+# Rank-major columns of one step's chunk of 1,024 ranks (little-endian float64 arrays indexed by
+# rank % 1024, NaN = missing; chunk = rank // 1024, a row only where one of its ranks reported):
 # the layout a rank x step heatmap reads without touching a million rows.
 step_matrix = Table(
     "step_matrix",
     metadata,
     _name("job_id", primary_key=True),
     Column("step", BigInteger, primary_key=True),
+    Column("chunk", Integer, primary_key=True, autoincrement=False),
     Column("step_time", LargeBinary, nullable=False),
     Column("comm_wait", LargeBinary, nullable=False),
     Column("mfu", LargeBinary, nullable=False),

@@ -30,31 +30,61 @@ def _row(rng: random.Random, width: int) -> tuple[object, ...]:
 
 
 def test_matrix_patch_matches_cell_by_cell(store: Store) -> None:
+    """Either store's patch (SQLite in numpy, PostgreSQL in the server) against a cell-by-cell
+    reference, over widths that cross chunk boundaries."""
     rng = random.Random(7)
-    expected: dict[tuple[str, int], list[array[float]]] = {}
+    expected: dict[tuple[str, int, int], list[array[float]]] = {}
     for _ in range(40):
-        rows = [_row(rng, rng.choice([2, 30, 300])) for _ in range(rng.choice([1, 7, 200]))]
+        rows = [_row(rng, rng.choice([2, 30, 300, 2100])) for _ in range(rng.choice([1, 7, 200]))]
         with store.write() as conn:
             matrix.write(conn, rows)
-        for row in rows:  # the reference: a later row for a cell wins; a step's arrays only
-            # widen, to cover the highest rank seen for that step
-            cells = expected.setdefault((row[0], row[2]), [array("d") for _ in matrix.METRICS])  # type: ignore[index]
-            for a in cells:
-                a.extend([math.nan] * (row[1] + 1 - len(a)))  # type: ignore[operator]
+        # The reference: a later row for a cell wins; a chunk's arrays only widen, to cover the
+        # highest cell seen in it, and a chunk no rank reported has no row.
         for job_id, rank, step, start, end, *rest in rows:
-            cells = expected[(job_id, step)]  # type: ignore[index]
-            cells[0][rank] = end - start  # type: ignore[index,operator]
-            cells[1][rank] = rest[4]  # type: ignore[index,assignment]
-            cells[2][rank] = rest[7]  # type: ignore[index,assignment]
+            chunk, cell = divmod(rank, matrix.CHUNK_RANKS)  # type: ignore[operator]
+            arrays = expected.setdefault(
+                (job_id, step, chunk), [array("d") for _ in matrix.METRICS]
+            )  # type: ignore[arg-type]
+            for a in arrays:
+                a.extend([math.nan] * (cell + 1 - len(a)))
+            arrays[0][cell] = end - start  # type: ignore[operator]
+            arrays[1][cell] = rest[4]  # type: ignore[assignment]
+            arrays[2][cell] = rest[7]  # type: ignore[assignment]
+    assert stored_matrix(store) == {
+        key: [matrix.pack(a) for a in arrays] for key, arrays in expected.items()
+    }
+
+
+def stored_matrix(store: Store) -> dict[tuple[str, int, int], list[bytes]]:
+    """Every step_matrix row: (job_id, step, chunk) -> its arrays in METRICS order."""
     t = tables.step_matrix
     with store.read() as conn:
-        stored = {
-            (job_id, step): list(blobs)
-            for job_id, step, *blobs in conn.execute(
-                select(t.c.job_id, t.c.step, t.c.step_time, t.c.comm_wait, t.c.mfu)
+        return {
+            (job_id, step, chunk): list(blobs)
+            for job_id, step, chunk, *blobs in conn.execute(
+                select(t.c.job_id, t.c.step, t.c.chunk, *(t.c[m] for m in matrix.METRICS))
             )
         }
-    assert stored == {key: [matrix.pack(a) for a in cells] for key, cells in expected.items()}
+
+
+def test_runs_end_at_chunk_boundaries() -> None:
+    rows = [
+        msgspec.structs.astuple(
+            schema.StepRecord(job_id="j", rank=r, step=0, start_s=0.0, end_s=float(r))
+        )
+        for r in [*range(1020, 1030), 2047, 2048, 5]
+    ]
+    runs = matrix.runs(rows)
+    assert list(zip(runs.chunks, runs.offsets, runs.levels, strict=True)) == [
+        (0, 5, 0),
+        (0, 1020, 1),
+        (1, 0, 0),
+        (1, 1023, 1),
+        (2, 0, 0),
+    ]
+    lengths = [len(b) // 8 for b in runs.blobs[0]]
+    assert lengths == [1, 4, 6, 1, 1]
+    assert np.frombuffer(runs.blobs[0][2], dtype="<f8").tolist() == [1024.0 + i for i in range(6)]
 
 
 def test_checked_batch_reuses_the_writers_tuples() -> None:

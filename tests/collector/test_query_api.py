@@ -139,10 +139,22 @@ def test_job_queries_and_404s(make_client: MakeClient) -> None:
 
 
 def test_heatmap_of_missing_cells_is_null_in_json(make_client: MakeClient) -> None:
+    """Ranks that never reported in the range are not columns; a listed rank's missing step
+    is null."""
     client = make_client()
-    ingest(client, [rec.step(0, 0), rec.step(2, 0)])
+    ingest(client, [rec.step(0, 0), rec.step(2, 0), rec.step(2, 1)])
     heat = client.get(f"/api/v1/jobs/{rec.JOB}/heatmap").json()
-    assert heat["values"] == [[0.5, None, 0.5]]
+    assert heat["ranks"] == [0, 2] and heat["values"] == [[0.5, 0.5], [None, 0.5]]
+
+
+def test_heatmap_of_a_lone_high_rank_is_one_column(make_client: MakeClient) -> None:
+    """One rank near the largest allowed: 40 steps answer 40 cells, not 40 x 131,072 nulls."""
+    client = make_client()
+    assert ingest(client, [rec.step(131_071, s) for s in range(40)]) == 200
+    r = client.get(f"/api/v1/jobs/{rec.JOB}/heatmap", params={"max_steps": 40})
+    heat = r.json()
+    assert heat["ranks"] == [131_071] and heat["steps"] == list(range(40))
+    assert heat["values"] == [[0.5]] * 40 and len(r.content) < 2_000
 
 
 def test_findings_actions_checkpoints_diag_and_collectives(make_client: MakeClient) -> None:
