@@ -25,7 +25,7 @@ from vigil import columns, schema
 from vigil.codec import DecodeError
 
 INT64_MAX = 2**63 - 1
-# 262,144 ranks is above the largest training jobs run today; it bounds a heatmap column at 2 MiB.
+# 262,144 ranks: a hard ceiling above VIGIL_MAX_WORLD_SIZE's largest allowed setting.
 MAX_RANK = 2**18 - 1
 # Step numbers index the analyzer's float64 columns and the heatmap's rows: exact below 2**53
 # (a step counter in nanoseconds reaches it after 104 days). Other integers may use all 63 bits.
