@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
-from vigil.collector import Store, StoreConfig, pgcluster
+from vigil.collector import (
+    CollectorSettings,
+    Store,
+    StoreConfig,
+    StreamAnalyzer,
+    create_app,
+    pgcluster,
+)
 
 
 class FakeClock:
@@ -50,3 +59,31 @@ def store(store_url: str, clock: FakeClock) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+MakeClient = Callable[..., TestClient]
+
+
+@pytest.fixture
+def make_client(tmp_path: Path) -> Iterator[MakeClient]:
+    clients: list[TestClient] = []
+
+    def make(
+        *,
+        analyzer: StreamAnalyzer | None = None,
+        store_url: str = "",
+        clock: Callable[[], float] = time.time,
+        raise_server_exceptions: bool = True,
+        **fields: object,
+    ) -> TestClient:
+        url = store_url or f"sqlite:///{tmp_path / f'store{len(clients)}.sqlite3'}"
+        settings = CollectorSettings(data_dir=tmp_path, store_url=url, **fields)  # type: ignore[arg-type]
+        app = create_app(settings, analyzer=analyzer, clock=clock)
+        client = TestClient(app, raise_server_exceptions=raise_server_exceptions)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

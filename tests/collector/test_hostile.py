@@ -9,39 +9,19 @@ import socket
 import time
 import tracemalloc
 import weakref
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
+from tests.collector.conftest import MakeClient
 from tests.collector.test_crash import Collector, _free_port
 from vigil import api, codec, schema
 from vigil.collector import kineto, routes_ingest
-from vigil.collector.app import create_app
-from vigil.collector.settings import CollectorSettings
 
 pytestmark = pytest.mark.integration
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}
-MakeClient = Callable[..., TestClient]
-
-
-@pytest.fixture
-def make_client(tmp_path: Path) -> Iterator[MakeClient]:
-    clients: list[TestClient] = []
-
-    def make(**fields: object) -> TestClient:
-        url = f"sqlite:///{tmp_path / f'store{len(clients)}.sqlite3'}"
-        settings = CollectorSettings(data_dir=tmp_path, store_url=url, **fields)  # type: ignore[arg-type]
-        client = TestClient(create_app(settings), raise_server_exceptions=False)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 def _post(client: TestClient, records: list[schema.Record], **headers: str) -> tuple[int, str]:
@@ -143,7 +123,7 @@ class _Marker:
 def test_a_server_error_keeps_no_request_data_alive(
     make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = make_client()
+    client = make_client(raise_server_exceptions=False)
     held: list[weakref.ref[_Marker]] = []
 
     def failing_decode(ctx: object, body: bytes) -> object:

@@ -6,7 +6,7 @@ import gzip
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,36 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
-from tests.collector.conftest import FakeClock
+from tests.collector.conftest import FakeClock, MakeClient
 from vigil import api, cli, codec, columns, schema
-from vigil.collector import CollectorSettings, StreamAnalyzer, TickingAnalyzer, create_app
+from vigil.collector import CollectorSettings, TickingAnalyzer
 
 pytestmark = pytest.mark.integration
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}
-MakeClient = Callable[..., TestClient]
-
-
-@pytest.fixture
-def make_client(tmp_path: Path) -> Iterator[MakeClient]:
-    clients: list[TestClient] = []
-
-    def make(
-        *,
-        analyzer: StreamAnalyzer | None = None,
-        store_url: str = "",
-        clock: Callable[[], float] = time.time,
-        **fields: object,
-    ) -> TestClient:
-        url = store_url or f"sqlite:///{tmp_path / f'store{len(clients)}.sqlite3'}"
-        settings = CollectorSettings(data_dir=tmp_path, store_url=url, **fields)  # type: ignore[arg-type]
-        client = TestClient(create_app(settings, analyzer=analyzer, clock=clock))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 def ingest(client: TestClient, records: Sequence[schema.Record], **headers: str) -> int:
