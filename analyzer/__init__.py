@@ -3,10 +3,11 @@
 No web framework, database, Kubernetes or torch imports (import-linter contract). Streaming use:
 `StreamingAnalyzer` (the collector's `StreamAnalyzer` hook); offline use: `analyze_path` (what
 `vigil analyze` runs), `analyze_records` and `analyze_arrays`; importers: `kineto`,
-`flight_recorder`; the seeded fault-scenario `simulator` feeds tests and benchmarks.
+`flight_recorder`. (The seeded fault-scenario simulator that feeds tests and benchmarks is test
+support, `tests/support/simulator.py`, and does not ship.)
 """
 
-from vigil.analyzer import flight_recorder, kineto, kineto_analysis, simulator
+from vigil.analyzer import flight_recorder, kineto, kineto_analysis
 from vigil.analyzer.arrays import StepArrays, from_records
 from vigil.analyzer.config import AnalyzerConfig, HangConfig, MfuConfig, StragglerConfig
 from vigil.analyzer.engine import analyze_arrays, analyze_records
@@ -28,5 +29,4 @@ __all__ = [
     "from_records",
     "kineto",
     "kineto_analysis",
-    "simulator",
 ]

@@ -1,8 +1,9 @@
 """Step x rank matrices that every detector works on, and their construction from wire records.
 
 `StepArrays` holds one job's per-step, per-rank timings as float32 matrices shaped [steps, ranks]
-(NaN = not reported). The simulator produces them directly; `from_records` builds them from SDK
-records (StepRecord, CollectiveAggregate, RankInfo, Job, Sample). Pure: no I/O.
+(NaN = not reported). The test simulator (tests/support/) produces them directly; `from_records`
+builds them from SDK records (StepRecord, CollectiveAggregate, RankInfo, Job, Sample). Pure: no
+I/O.
 """
 
 from __future__ import annotations

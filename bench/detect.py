@@ -23,14 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from vigil import schema
 from vigil.analyzer import engine, streaming
-from vigil.analyzer import simulator as sim
+
+# The simulator is test support (tests/support/), not shipped: run from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import simulator as sim
 
 KINDS = ("hang", "straggler", "hang", "straggler", "slow_link", "data_stall", "throttle", "clean")
 

@@ -40,7 +40,11 @@ import httpx
 import psycopg
 
 from vigil import api, codec, schema
-from vigil.collector import Store, StoreConfig, dialects, pgcluster, tables, writes
+from vigil.collector import Store, StoreConfig, dialects, tables, writes
+
+# The throwaway PostgreSQL is test support (tests/support/), not shipped: the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import pgcluster
 
 JOB = "bench"
 

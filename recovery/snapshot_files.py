@@ -16,7 +16,7 @@ STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
 def drop_node(root: Path, job: str, node: str) -> None:
-    """Forget a node's shared memory (what losing the machine does); used by the simulator."""
+    """Forget a node's shared memory (what losing the machine does; simulated nodes)."""
     shutil.rmtree(root / job / node, ignore_errors=True)
 
 

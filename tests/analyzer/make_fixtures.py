@@ -1,4 +1,4 @@
-"""Writes the synthetic fixtures under data/ (run by hand: python tests/analyzer/make_fixtures.py).
+"""Writes the synthetic fixtures under data/ (from the root: python -m tests.analyzer.make_fixtures)
 
 - jsonl_straggler/, jsonl_hang/: SDK-layout JSONL (`<job>/rank-NNNNN.jsonl`, one record per line)
   from the seeded simulator; jsonl_hang also carries one corrupt line.
@@ -18,8 +18,8 @@ import pickle
 import shutil
 from pathlib import Path
 
+from tests.support import simulator as sim
 from vigil import codec, schema
-from vigil.analyzer import simulator as sim
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support import simulator as sim
 from vigil import schema
 from vigil.analyzer import engine
-from vigil.analyzer import simulator as sim
 
 Kind = schema.FindingKind
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import simulator as sim
 from vigil import schema
 from vigil.analyzer import config, hangs, streaming
-from vigil.analyzer import simulator as sim
 
 CFG = config.HangConfig()
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.support import simulator as sim
 from vigil import schema
 from vigil.analyzer import config, engine, mfu
-from vigil.analyzer import simulator as sim
 
 
 def _drops(*faults: sim.Fault, ranks: int = 64) -> list[schema.Finding]:

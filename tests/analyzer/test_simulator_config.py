@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support import simulator as sim
 from vigil import codec
 from vigil.analyzer import arrays, config
-from vigil.analyzer import simulator as sim
 
 
 def test_same_seed_same_streams_and_different_seed_differs() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tests.support import simulator as sim
 from vigil import columns, schema
 from vigil.analyzer import engine, streaming
-from vigil.analyzer import simulator as sim
 
 STRAGGLER = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1.25, start_step=20)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support import pgcluster
 from vigil.collector import (
     CollectorSettings,
     Store,
     StoreConfig,
     StreamAnalyzer,
     create_app,
-    pgcluster,
 )
 
 

@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 
 from tests.collector import records as rec
 from tests.strategies import any_record
+from tests.support import pgcluster
 from vigil import api, codec, schema
-from vigil.collector import CollectorSettings, create_app, pgcluster
+from vigil.collector import CollectorSettings, create_app
 
 pytestmark = pytest.mark.integration
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support import simulator as sim
 from vigil import codec, schema
 from vigil.analyzer import StreamingAnalyzer
-from vigil.analyzer import simulator as sim
 from vigil.collector import Store, StoreConfig, history
 
 RANKS, STEPS = 16, 60

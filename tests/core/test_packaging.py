@@ -1,4 +1,5 @@
-"""A wheel of vigil installs into a fresh venv and imports every subpackage."""
+"""A wheel of vigil installs into a fresh venv and imports every subpackage; it ships no test
+support."""
 
 from __future__ import annotations
 
@@ -6,34 +7,35 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ["agent", "collector", "analyzer", "recovery", "trainer", "kernels"]
+# Test support shared by tests and benchmarks (tests/support/): never part of the product.
+TEST_SUPPORT = {p.stem for p in (ROOT / "tests" / "support").glob("*.py")} - {"__init__"}
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
+    # sdist, then the wheel from the unpacked sdist (what a release does): a wheel built straight
+    # from the checkout would also ship whatever a stale build/lib still holds.
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(dist),
-            str(ROOT),
-        ],
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)],
         check=True,
         capture_output=True,
         timeout=300,
     )
     (wheel,) = dist.glob("vigil-*.whl")
+    modules = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")]
+    assert modules and all(n.startswith("vigil/") for n in modules), modules
+    assert TEST_SUPPORT, "tests/support/ holds the test support"
+    shipped_support = [n for n in modules if Path(n).stem in TEST_SUPPORT]
+    assert not shipped_support, shipped_support
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
