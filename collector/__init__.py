@@ -4,8 +4,8 @@
 analyzer plugs in through the `StreamAnalyzer` protocol.
 """
 
+from vigil.collector.analyzer_runner import StreamAnalyzer, TickingAnalyzer
 from vigil.collector.app import create_app
-from vigil.collector.hook import StreamAnalyzer, TickingAnalyzer
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import IngestResult, Store, StoreConfig
 

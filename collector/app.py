@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 
 from vigil import _version
 from vigil.collector import auth, history, retention, routes_ingest, routes_query, routes_upload
+from vigil.collector.analyzer_runner import AnalyzerRunner, ResumingAnalyzer, StreamAnalyzer
 from vigil.collector.context import CollectorContext, json_response
-from vigil.collector.hook import AnalyzerRunner, ResumingAnalyzer, StreamAnalyzer
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store, StoreConfig
@@ -41,7 +41,7 @@ def create_app(
     analyzer: StreamAnalyzer | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
-    """The collector app; `analyzer` sees every committed batch (see `hook.StreamAnalyzer`)."""
+    """The collector app; `analyzer` sees every committed batch through an `AnalyzerRunner`."""
     store = Store(StoreConfig(url=settings.resolved_store_url), clock=clock)
     runner_box: list[AnalyzerRunner] = []
     metrics = CollectorMetrics(

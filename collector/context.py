@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from fastapi import Request, Response
 
-from vigil.collector.hook import AnalyzerRunner
+from vigil.collector.analyzer_runner import AnalyzerRunner
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store

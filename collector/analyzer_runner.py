@@ -1,8 +1,12 @@
-"""The analyzer's streaming hook: a Protocol the collector calls after each committed batch.
+"""Where the streaming analyzer plugs into the collector: the protocols it implements and the
+runner that feeds it committed batches.
 
-`vigil.analyzer.StreamingAnalyzer` implements it (the lead wires it in `create_app`). Calls run on
-one worker thread, in commit order, so an analyzer needs no locks and a slow one never delays an
-acknowledgement. Findings it returns are upserted by id. Must not import the analyzer.
+`StreamAnalyzer` (with `TickingAnalyzer` for silence and `ResumingAnalyzer` for a job's recent
+past) is the whole contract; `vigil.analyzer.StreamingAnalyzer` implements it, `vigil collector`
+(`collector/cli.py`) passes one to `create_app`, which wraps it in an `AnalyzerRunner`. The runner
+calls it on one worker thread, in commit order, so an analyzer needs no locks and a slow one never
+delays an acknowledgement; the findings it returns are upserted by id. Must not import the
+analyzer.
 """
 
 from __future__ import annotations
