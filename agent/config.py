@@ -10,7 +10,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from vigil import schema
+from vigil import schema, sender
 
 # /dev/shm is RAM-backed on Linux, so a wedged process's last page write is visible to the agent
 # immediately and the page costs no disk I/O.
@@ -18,12 +18,9 @@ DEFAULT_PROGRESS_DIR = Path("/dev/shm/vigil")
 # 4096 collective events cover several steps of a deep FSDP/TP model (hundreds of collectives per
 # step) at ~200 bytes each: under 1 MiB of shared memory per rank.
 DEFAULT_RING_CAPACITY = 4096
-# 64 MiB of spooled batches hold hours of one rank's step records and aggregates.
-DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_SERVER_ERRORS = 5
-# Quarantined batches are kept for a person to look at, not replayed: 100 is plenty to see what
-# the collector refuses, and bounds the disk a collector refusing everything can cost.
-DEFAULT_MAX_QUARANTINED = 100
+# The core sender's defaults (vigil.sender says why): 64 MiB of spool, 5 5xx before quarantine.
+DEFAULT_SPOOL_MAX_BYTES = sender.DEFAULT_SPOOL_MAX_BYTES
+DEFAULT_MAX_SERVER_ERRORS = sender.DEFAULT_MAX_SERVER_ERRORS
 # Total, not per request: what a process's exit may wait for a collector that does not answer
 # (one POST's timeout); what is not delivered by then stays spooled for the node agent.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
@@ -42,51 +39,8 @@ def _paths(obj: object, *names: str) -> None:
             object.__setattr__(obj, name, Path(value))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ShipperConfig:
-    """How batches travel to the collector and how much is kept while it is away."""
-
-    collector_url: str
-    spool_dir: Path
-    token: str | None = None
-    # Disk the spool may use; past it the oldest batches are dropped (and counted).
-    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
-    # 5 s bounds one POST: a healthy collector answers in milliseconds, a wedged one must not
-    # stall the shipping thread for longer than a couple of flush intervals.
-    timeout_s: float = 5.0
-    # Attempts per batch before it goes to the spool; the spool is retried on every flush.
-    max_attempts: int = 3
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 5.0
-    # Records per POST: one rank's step produces ~10 records, so this is one flush of many steps.
-    max_batch_records: int = 5000
-    compress: bool = True
-    # 5xx answers one batch may get before it is quarantined (once the collector has committed
-    # other batches meanwhile): a handful of rounds tells a batch the collector fails on from a
-    # hiccup, without holding the batches behind it up for long.
-    max_server_errors: int = DEFAULT_MAX_SERVER_ERRORS
-    # Quarantined batch files kept for inspection; the oldest go first.
-    max_quarantined_batches: int = DEFAULT_MAX_QUARANTINED
-    # While the collector stays away, one WARNING at first, then at most one a minute.
-    warn_interval_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        _paths(self, "spool_dir")
-        _require(
-            self.collector_url.startswith(("http://", "https://")),
-            f"collector URL {self.collector_url!r} must start with http:// or https://",
-        )
-        _require(self.spool_max_bytes > 0, "spool_max_bytes must be > 0")
-        _require(self.timeout_s > 0, "timeout_s must be > 0 (seconds per POST)")
-        _require(self.max_attempts >= 1, "max_attempts must be >= 1")
-        _require(
-            0 < self.backoff_initial_s <= self.backoff_max_s,
-            "need 0 < backoff_initial_s <= backoff_max_s",
-        )
-        _require(self.max_batch_records >= 1, "max_batch_records must be >= 1")
-        _require(self.max_server_errors >= 1, "max_server_errors must be >= 1")
-        _require(self.max_quarantined_batches >= 0, "max_quarantined_batches must be >= 0")
-        _require(self.warn_interval_s > 0, "warn_interval_s must be > 0")
+# How batches travel to the collector: the core sender's config, under the SDK's name.
+ShipperConfig = sender.SenderConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,6 +138,9 @@ class AgentConfig:
     # The agent replays the spools that exited ranks left under progress_dir (at least once:
     # the collector dedupes batch ids); False leaves them alone.
     replay_orphans: bool = True
+    # Other senders' spool folders on this node replayed the same way once their process is
+    # gone: `vigil agent` names `vigil diag`'s (vigil.spool.diag_dir) and its fallback siblings.
+    replay_dirs: tuple[Path, ...] = ()
     metrics_host: str = "127.0.0.1"
     # 9464 is the port OpenTelemetry's Prometheus exporter convention reserves for node agents.
     metrics_port: int = 9464
@@ -204,6 +161,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         _paths(self, "output_dir", "progress_dir", "spool_dir")
+        object.__setattr__(self, "replay_dirs", tuple(Path(p) for p in self.replay_dirs))
         _require(self.page_ttl_s >= 0, "page_ttl_s must be >= 0")
         _require(self.shutdown_timeout_s > 0, "shutdown_timeout_s must be > 0 (seconds in all)")
         _require(self.max_server_errors >= 1, "max_server_errors must be >= 1")

@@ -6,7 +6,8 @@ them as evidence (a `hang` Finding whose evidence note holds the stacks, the rin
 CollectiveEvents and a Heartbeat). Each sample interval it samples NVML (or the host) and queues
 `Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
 through the same queue/flusher/shipper as the SDK (spooling while the collector is away); on the
-flusher thread it also replays the spools exited ranks left behind (`orphans.py`).
+flusher thread it also replays the spools exited ranks and `vigil diag` runs left behind
+(`orphans.py`).
 
 Owns its thread(s), its HTTP server and its output; never writes to a training process except
 through the page's control block.
@@ -25,14 +26,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from vigil import schema
+from vigil import outbox, schema, sender
 from vigil.agent import (
     config,
     exporter,
     orphans,
     progress,
     sampler,
-    shipping,
     sinks,
     stacks,
     watchdog,
@@ -81,7 +81,7 @@ class Agent:
             startup_grace_s=cfg.startup_grace_s,
         )
         self.queue = sinks.RecordQueue(100_000)
-        self.shipper: shipping.Shipper | None = None
+        self.shipper: outbox.Outbox | None = None
         self.orphans: orphans.OrphanSpools | None = None
         self.flusher = sinks.Flusher(
             queue=self.queue,
@@ -112,13 +112,14 @@ class Agent:
                 spool_max_bytes=cfg.spool_max_bytes,
                 max_server_errors=cfg.max_server_errors,
             )
-            self.shipper = shipping.Shipper(ship_cfg, source=f"{cfg.node}/agent")
+            self.shipper = outbox.Outbox(ship_cfg, source=f"{cfg.node}/agent")
             if cfg.replay_orphans:
                 self.orphans = orphans.OrphanSpools(
                     cfg.progress_dir,
                     cfg=ship_cfg,
                     sender=self.shipper.sender,
                     skip=self.shipper.spool.directory,
+                    replay_dirs=cfg.replay_dirs,
                 )
             return self.shipper
         out = cfg.output_dir or Path("vigil-output")
@@ -312,7 +313,7 @@ class Agent:
             for t in list(self._tracked.values())
             if t.last is not None
         ]
-        stats = self.shipper.stats if self.shipper else shipping.ShipperStats()
+        stats = self.shipper.stats if self.shipper else sender.SenderStats()
         spool = self.shipper.spool if self.shipper else None
         return exporter.AgentView(
             node=self.cfg.node,

@@ -1,93 +1,50 @@
-"""The node agent's replay of spools that exited ranks left behind.
+"""The node agent's replay of spools that exited ranks (and `vigil diag` runs) left behind.
 
 A rank that exits while the collector is away leaves its last batches (the FINISHED heartbeat
-among them) in `<progress_dir>/<job>/<rank>.spool`. Once per agent flush this finds those
-folders, claims the ones whose owner is gone (`spool.Spool.claim`: the owner's flock is free and
-its pid has exited), and sends their batches through the agent's own `shipping.Sender`, oldest
-first, until each is empty; then the folder is removed (kept while it holds quarantined
-batches). A claimed spool stays locked by this agent until then, so no other agent replays it;
-an agent that dies mid-replay frees it for the next one. Delivery is at least once: the
-collector dedupes batch ids.
+among them) in `<progress_dir>/<job>/<rank>.spool`; a `vigil diag` run leaves its results in
+`vigil.spool.diag_dir(data_dir)`. Once per agent flush `OrphanSpools` lists those folders (and
+the siblings a sender falls back to while its folder is claimed) and hands them to the core's
+`outbox.Orphans`, which claims the ones whose owner is gone and sends their batches through the
+agent's own sender, oldest first, until each is empty; then the folder is removed (kept while it
+holds quarantined batches). A claimed spool stays locked by this agent until then, so no other
+agent (or diag run) replays it; an agent that dies mid-replay frees it for the next one.
 
 Runs on the agent's flusher thread; never touches a spool whose owner is alive.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Sequence
 from pathlib import Path
 
-from vigil.agent import config, shipping, spool
-
-log = logging.getLogger(__name__)
+from vigil import outbox, sender, spool
 
 
-class OrphanSpools:
+def rank_spools(progress_dir: Path) -> list[Path]:
+    """The ranks' spool folders under the progress root (`<root>/<job>/<rank>.spool`)."""
+    root = Path(progress_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob(f"*/*{spool.SPOOL_SUFFIX}") if p.is_dir())
+
+
+class OrphanSpools(outbox.Orphans):
     def __init__(
         self,
         progress_dir: Path,
         *,
-        cfg: config.ShipperConfig,
-        sender: shipping.Sender,
+        cfg: sender.SenderConfig,
+        sender: sender.Sender,
         skip: Path | None = None,
+        replay_dirs: Sequence[Path] = (),
         proc_root: Path = spool.PROC_ROOT,
     ) -> None:
         self.progress_dir = Path(progress_dir)
-        self._cfg = cfg
-        self._sender = sender
-        self._skip = skip
-        self._proc_root = proc_root
-        self._claimed: dict[Path, shipping.Shipper] = {}
-        self.replayed_spools = 0
+        self.replay_dirs = tuple(Path(p) for p in replay_dirs)
+        super().__init__(self._find, cfg=cfg, shared_sender=sender, skip=skip, proc_root=proc_root)
 
-    def tick(self) -> None:
-        """Claim new orphans, then replay each claimed spool until the collector stops taking."""
-        self._claim_new()
-        for path, shipper in list(self._claimed.items()):
-            if not shipper.replay():
-                return  # the collector is away: the next tick tries again
-            if len(shipper.spool) == 0:
-                del self._claimed[path]
-                shipper.spool.close_and_remove_if_empty()
-                shipper.close()
-                self.replayed_spools += 1
-                log.info("replayed the spool %s of an exited process", path)
-
-    def _claim_new(self) -> None:
-        for path in spool.candidates(self.progress_dir):
-            if path in self._claimed or path == self._skip:
-                continue
-            try:
-                claimed = spool.Spool.claim(
-                    path,
-                    max_bytes=self._cfg.spool_max_bytes,
-                    max_quarantined=self._cfg.max_quarantined_batches,
-                    proc_root=self._proc_root,
-                )
-            except OSError as exc:
-                log.debug("cannot claim spool %s: %s", path, exc)
-                continue
-            if claimed is None:
-                continue
-            if len(claimed) == 0:
-                claimed.close_and_remove_if_empty()
-                continue
-            owner = claimed.previous_owner
-            log.info(
-                "replaying %d batches (%d bytes) that pid %d left in %s",
-                len(claimed),
-                claimed.size_bytes(),
-                owner.pid if owner else -1,
-                path,
-            )
-            self._claimed[path] = shipping.Shipper(self._cfg, sender=self._sender, spooled=claimed)
-
-    @property
-    def pending_batches(self) -> int:
-        return sum(len(s.spool) for s in self._claimed.values())
-
-    def close(self) -> None:
-        """Release the claimed spools (what is left in them waits for the next agent)."""
-        for shipper in self._claimed.values():
-            shipper.close()
-        self._claimed.clear()
+    def _find(self) -> list[Path]:
+        found = rank_spools(self.progress_dir)
+        for directory in self.replay_dirs:
+            found += spool.siblings(directory)
+        return found

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import torch
 
-from vigil import schema
+from vigil import outbox, schema
 from vigil.agent import (
     background,
     collectives,
@@ -38,7 +38,6 @@ from vigil.agent import (
     patching,
     phases,
     progress,
-    shipping,
     sinks,
 )
 
@@ -142,7 +141,7 @@ class Session:
         self.flops_per_token = self._resolve_flops()
         self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
         self._stacks_file = self._open_stacks_file()
-        self.shipper: shipping.Shipper | None = None
+        self.shipper: outbox.Outbox | None = None
         self.background = background.Background(
             cfg=cfg,
             queue=self.queue,
@@ -192,7 +191,7 @@ class Session:
         cfg = self.cfg
         if cfg.collector:
             spool = cfg.spool_dir or (cfg.progress_dir / cfg.job / f"{cfg.rank_tag}.spool")
-            self.shipper = shipping.Shipper(
+            self.shipper = outbox.Outbox(
                 config.ShipperConfig(
                     collector_url=cfg.collector,
                     spool_dir=spool,

@@ -1,4 +1,4 @@
-"""Where records go: JSON lines on disk, or the collector (through `shipping.Shipper`).
+"""Where records go: JSON lines on disk, or the collector (through the core `outbox.Outbox`).
 
 A `Sink` is written to only by a background thread (`Flusher`), never by training code. The
 `Flusher` drains a bounded in-memory queue the hooks append to (a deque: appends never block,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent import conftest, receiver
-from vigil import schema
-from vigil.agent import config, daemon, delivery, shipping
+from vigil import delivery, outbox, schema
+from vigil.agent import config, daemon
 
 Outcome = delivery.Outcome
 
@@ -37,7 +37,7 @@ def test_unreachable_collector_warns_once_then_once_a_minute_then_says_it_resume
     url = f"http://127.0.0.1:{port}"
     clock = _Clock()
     cfg = config.ShipperConfig(collector_url=url, spool_dir=tmp_path / "spool")
-    shipper = shipping.Shipper(cfg, sleep=lambda _s: None, clock=clock)
+    shipper = outbox.Outbox(cfg, sleep=lambda _s: None, clock=clock)
     beat = schema.Heartbeat(job_id="j", rank=0, time_s=1.0, last_step=1)
     for _ in range(30):  # 30 flushes in 30 s
         shipper.write([beat])

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.agent import conftest, receiver
-from vigil import codec, schema
-from vigil.agent import config, exporter, progress, shipping, spool
+from vigil import codec, outbox, schema, spool
+from vigil.agent import config, exporter, progress
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +36,12 @@ def _has_step(step: int, status: int) -> Callable[[schema.Batch], int | None]:
     return answer
 
 
-def _shipper(tmp_path: Path, url: str, **options: object) -> shipping.Shipper:
+def _shipper(tmp_path: Path, url: str, **options: object) -> outbox.Outbox:
     cfg = config.ShipperConfig(collector_url=url, spool_dir=tmp_path / "spool", **options)  # type: ignore[arg-type]
-    return shipping.Shipper(cfg, sleep=lambda _s: None)
+    return outbox.Outbox(cfg, sleep=lambda _s: None)
 
 
-def _quarantined_steps(shipper: shipping.Shipper) -> list[int]:
+def _quarantined_steps(shipper: outbox.Outbox) -> list[int]:
     return [
         r.last_step  # type: ignore[union-attr]
         for path in shipper.spool.quarantined()

@@ -17,8 +17,8 @@ import torch
 
 import vigil.agent
 from tests.agent import conftest, receiver
-from vigil import codec, schema
-from vigil.agent import config, progress, shipping, spool
+from vigil import codec, delivery, outbox, schema, spool
+from vigil.agent import config, progress
 
 pytestmark = pytest.mark.integration
 STEPS = 150
@@ -74,7 +74,7 @@ def test_collector_down_for_the_whole_run_then_replay(tmp_path: Path) -> None:
 
     collector = receiver.Receiver(port)
     try:
-        replayer = shipping.Shipper(
+        replayer = outbox.Outbox(
             config.ShipperConfig(
                 collector_url=collector.url, spool_dir=spool_dir, spool_max_bytes=bound
             )
@@ -96,9 +96,9 @@ def test_collector_down_for_the_whole_run_then_replay(tmp_path: Path) -> None:
     assert beats and beats[-1].state is schema.RankState.FINISHED
 
 
-def _shipper(tmp_path: Path, url: str, **options: object) -> shipping.Shipper:
+def _shipper(tmp_path: Path, url: str, **options: object) -> outbox.Outbox:
     cfg = config.ShipperConfig(collector_url=url, spool_dir=tmp_path / "spool", **options)  # type: ignore[arg-type]
-    return shipping.Shipper(cfg, sleep=lambda _s: None)
+    return outbox.Outbox(cfg, sleep=lambda _s: None)
 
 
 def _beat(i: int) -> schema.Heartbeat:
@@ -134,9 +134,9 @@ def test_server_errors_are_retried_with_backoff_then_spooled(tmp_path: Path) -> 
             backoff_initial_s=0.5,
             backoff_max_s=0.8,
         )
-        shipper = shipping.Shipper(cfg, sleep=delays.append)
+        shipper = outbox.Outbox(cfg, sleep=delays.append)
         shipper.write([_beat(1)])  # 503, 503, then 200 on the third attempt
-        assert delays == [0.0, 0.5, 0.8] and len(collector.records) == 1
+        assert delays == [0.5, 0.8] and len(collector.records) == 1  # no wait before the first
         collector.fail_first = collector.requests + 3  # down for the next three attempts
         shipper.write([_beat(2)])
         assert shipper.stats.ship_errors == 5 and len(shipper.spool.pending()) == 1
@@ -147,7 +147,7 @@ def test_server_errors_are_retried_with_backoff_then_spooled(tmp_path: Path) -> 
 
 
 def test_backoff_schedule_doubles_up_to_the_cap() -> None:
-    assert list(shipping.backoff_delays(0.2, 1.0, 5)) == [0.0, 0.2, 0.4, 0.8, 1.0]
+    assert list(delivery.backoff_delays(0.2, 1.0, 5)) == [0.0, 0.2, 0.4, 0.8, 1.0]
 
 
 @pytest.fixture

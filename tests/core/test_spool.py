@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vigil.agent import spool
+from vigil import spool
 
 FRAME = b"x" * 100
 
@@ -87,7 +87,7 @@ def test_a_live_owner_is_never_claimed(tmp_path: Path) -> None:
 
 def _spool_in_a_process_that_exits(directory: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from vigil.agent import spool\n"
+        "import sys; from pathlib import Path; from vigil import spool\n"
         "s = spool.Spool(Path(sys.argv[1]), max_bytes=10_000)\n"
         "s.push('b0', 3, b'frame-0'); s.push('b1', 4, b'frame-1')\n"
         "import os; os._exit(0)\n"  # no close: the kernel releases the lock
@@ -98,7 +98,7 @@ def _spool_in_a_process_that_exits(directory: Path) -> None:
 def test_the_spool_of_an_exited_owner_is_claimed_once(tmp_path: Path) -> None:
     directory = tmp_path / "job" / "rank-00003.spool"
     _spool_in_a_process_that_exits(directory)
-    assert spool.candidates(tmp_path) == [directory]
+    assert spool.siblings(directory) == [directory]
     claimed = spool.Spool.claim(directory, max_bytes=10_000)
     assert claimed is not None and claimed.previous_owner is not None
     assert claimed.previous_owner.pid != os.getpid()

@@ -6,17 +6,22 @@ A spool folder holds:
     owner                                 the owning process's pid and start time, flock'd by it
     quarantine/                           batches the collector kept refusing (the newest few)
 
+A batch id that is not a plain file name (`[0-9A-Za-z_.-]`, at most 128 characters: a
+controller's ids hold `/`) is named by its hash, `~<blake2b>`, and read back from the frame at
+open.
+
 The index (names, sizes, the byte total) is built once at open and kept in memory, so `push` is
 O(1) and the byte bound drops the oldest batches from a deque. The index sees only this object's
 own changes: open a spool once per process.
 
 The owner holds an exclusive `flock` on `owner` for as long as the spool is open; the kernel
-releases it when the process dies, however it dies. `Spool.claim` (the node agent) takes a spool
-only when it gets that lock and the recorded owner is gone, so a live owner's spool is never
-replayed and two agents never replay the same spool at once.
+releases it when the process dies, however it dies. `Spool.claim` (a node agent, a later run of
+the same sender) takes a spool only when it gets that lock and the recorded owner is gone, so a
+live owner's spool is never replayed and two processes never replay the same spool at once.
+`open_spool` falls back to a sibling folder while the spool is held; `siblings` lists them all.
 
 File handling only: no network, no threads of its own; a lock makes it safe to use from the
-flusher and from the thread shutting it down.
+flusher and from the thread shutting it down. Imports no subsystem.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import collections
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
-from vigil.agent import config
+from vigil import codec
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +46,16 @@ QUARANTINE_DIR = "quarantine"
 SPOOL_SUFFIX = ".spool"
 _BATCH_SUFFIX = ".vgl"
 PROC_ROOT = Path("/proc")
-DEFAULT_MAX_QUARANTINED = config.DEFAULT_MAX_QUARANTINED
+# Quarantined batches are kept for a person to look at, not replayed: 100 is plenty to see what
+# the collector refuses, and bounds the disk a collector refusing everything can cost.
+DEFAULT_MAX_QUARANTINED = 100
+_PLAIN_ID = re.compile(r"[0-9A-Za-z_.-]{1,128}")
+_HASHED = "~"
+
+
+def diag_dir(data_dir: Path) -> Path:
+    """Where `vigil diag` spools its results under a data dir; the node agent replays it too."""
+    return Path(data_dir) / "spool" / "diag"
 
 
 class SpoolBusyError(RuntimeError):
@@ -85,12 +101,15 @@ def owner_alive(owner: Owner, proc_root: Path = PROC_ROOT) -> bool:
     return not (owner.start and now and now != owner.start)
 
 
-def candidates(progress_dir: Path) -> list[Path]:
-    """The ranks' spool folders under the progress root (`<root>/<job>/<rank>.spool`)."""
-    root = Path(progress_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob(f"*/*{SPOOL_SUFFIX}") if p.is_dir())
+def siblings(directory: Path) -> list[Path]:
+    """`directory` and the folders `open_spool` falls back to beside it (`<name>.<pid>-<n>`),
+    those that exist."""
+    directory = Path(directory)
+    pattern = f"{directory.stem}.*-*{directory.suffix}"
+    found = [directory] if directory.is_dir() else []
+    if directory.parent.is_dir():
+        found += sorted(p for p in directory.parent.glob(pattern) if p.is_dir())
+    return found
 
 
 def _lock_owner(path: Path, *, create: bool) -> int | None:
@@ -124,7 +143,17 @@ def _parse(path: Path) -> tuple[int, int, str] | None:
     count, _, batch_id = rest.partition("-")
     if not (seq.isdigit() and count.isdigit() and batch_id):
         return None
+    if batch_id.startswith(_HASHED):
+        batch_id = _framed_id(path) or batch_id
     return int(seq), int(count), batch_id
+
+
+def _framed_id(path: Path) -> str | None:
+    """The batch id inside a spooled frame (for names that carry only its hash)."""
+    try:
+        return codec.decode_batch(path.read_bytes()).batch_id
+    except (OSError, codec.DecodeError):
+        return None  # sent under its hash, the collector refuses it and it is quarantined
 
 
 class Spool:
@@ -193,15 +222,37 @@ class Spool:
         return spool
 
     def _index(self) -> None:
-        found = []
+        found, loose = [], []
         for path in self.directory.iterdir():
             if path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)  # a push cut short by a crash
-            elif path.suffix == _BATCH_SUFFIX and (parsed := _parse(path)) is not None:
-                found.append((parsed, path))
+            elif path.suffix == _BATCH_SUFFIX:
+                parsed = _parse(path)
+                if parsed is None:
+                    loose.append(path)
+                else:
+                    found.append((parsed, path))
         for (seq, count, batch_id), path in sorted(found):
             self._insert(SpooledBatch(path, batch_id, count, path.stat().st_size, seq))
             self._next = seq + 1
+        for path in sorted(loose, key=lambda p: p.stat().st_mtime):
+            self._adopt(path)
+
+    def _adopt(self, path: Path) -> None:
+        """Take in a frame file named otherwise (`<batch id>.vgl`, as `vigil diag` spooled
+        before this spool): renamed into send order after the others."""
+        try:
+            frame = path.read_bytes()
+            batch = codec.decode_batch(frame)
+        except (OSError, codec.DecodeError) as exc:
+            log.warning(
+                "spool %s: leaving %s alone, not a batch frame (%s)", self.directory, path, exc
+            )
+            return
+        seq = self._take_seq()
+        target = self.directory / _name(seq, batch.batch_id, len(batch.records))
+        os.replace(path, target)
+        self._insert(SpooledBatch(target, batch.batch_id, len(batch.records), len(frame), seq))
         quarantine = self.directory / QUARANTINE_DIR
         if quarantine.is_dir():
             self._quarantine.extend(sorted(quarantine.glob(f"*{_BATCH_SUFFIX}")))
@@ -341,6 +392,8 @@ class Spool:
 
 
 def _name(seq: int, batch_id: str, num_records: int) -> str:
+    if not _PLAIN_ID.fullmatch(batch_id):
+        batch_id = _HASHED + hashlib.blake2b(batch_id.encode(), digest_size=16).hexdigest()
     return f"{seq:016d}-{num_records}-{batch_id}{_BATCH_SUFFIX}"
 
 

@@ -1,8 +1,10 @@
-"""What a sender makes of the collector's answers: pure rules, no I/O.
+"""What a sender makes of the collector's answers, and when it tries again: pure rules, no I/O.
 
-`classify` maps an HTTP status to an `Outcome`; `is_poison` says when a batch the collector keeps
-failing on is set aside (quarantined) instead of blocking the batches behind it; `Throttle` and
-`OutageLog` decide what to say about an unreachable collector, and how often.
+`classify` maps an HTTP status to an `Outcome`; `backoff_delays` is the one retry schedule;
+`is_poison` says when a batch the collector keeps failing on is set aside (quarantined) instead
+of blocking the batches behind it; `Throttle` and `OutageLog` decide what to say about an
+unreachable collector, and how often. Shared by every sender (`vigil.sender`); no sockets, no
+files, no subsystem imports.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,15 @@ def classify(status_code: int) -> Outcome:
     if status_code < 500:
         return Outcome.REJECTED
     return Outcome.REFUSED
+
+
+def backoff_delays(initial_s: float, max_s: float, attempts: int) -> Iterator[float]:
+    """The one backoff schedule: 0 before the first attempt, then doubling up to `max_s`."""
+    delay = initial_s
+    for attempt in range(attempts):
+        yield 0.0 if attempt == 0 else delay
+        if attempt:
+            delay = min(delay * 2.0, max_s)
 
 
 def is_poison(
@@ -71,7 +82,8 @@ class Throttle:
 
 class OutageLog:
     """WARNING when delivery to `url` first fails, again at most every `interval_s` while it
-    keeps failing (with what is pending), INFO when it resumes."""
+    keeps failing (with what is pending), INFO when it resumes. `retried` says when the spooled
+    batches go again ("every flush" for the SDK, "at the next run" for `vigil diag`)."""
 
     def __init__(
         self,
@@ -80,8 +92,10 @@ class OutageLog:
         interval_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         logger: logging.Logger = log,
+        retried: str = "every flush",
     ) -> None:
         self.url = url
+        self.retried = retried
         self._clock = clock
         self._log = logger
         self._throttle = Throttle(interval_s, clock)
@@ -101,10 +115,11 @@ class OutageLog:
             self._throttle.ready()
             self._log.warning(
                 "cannot deliver to the collector at %s: %s; batches wait in the spool "
-                "(%d pending) and are retried every flush",
+                "(%d pending) and are retried %s",
                 self.url,
                 error,
                 pending_batches,
+                self.retried,
             )
         elif self._throttle.ready() is not None:
             self._log.warning(
