@@ -1,10 +1,11 @@
-"""Rank x step matrices of step time, exposed communication wait or MFU, for heatmaps.
+"""The read side of the heatmaps: rank x step matrices of step time, exposed communication wait
+or MFU, for the query API (`step_matrix` writes them at ingest).
 
-Reads the packed per-chunk arrays of `matrix` (one row per step and chunk of 1,024 ranks, not
-per cell), so a 1,024-rank x 1,000-step matrix is 1,000 rows. Only ranks with at least one value
-in the range are listed, so a job whose only rank is 131,071 answers one column, not 131,072.
-Ranges wider than `max_steps` are averaged over runs of `stride` consecutive steps. Missing cells
-are NaN here and null in JSON. Must not write.
+Reads the packed per-chunk arrays of `step_matrix` (one row per step and chunk of 1,024 ranks,
+not per cell), so a 1,024-rank x 1,000-step matrix is 1,000 rows. Only ranks with at least one
+value in the range are listed, so a job whose only rank is 131,071 answers one column, not
+131,072. Ranges wider than `max_steps` are averaged over runs of `stride` consecutive steps.
+Missing cells are NaN here and null in JSON. Must not write.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from vigil.collector import matrix, tables
+from vigil.collector import step_matrix, tables
 
 
 class HeatmapMetric(enum.StrEnum):
@@ -121,4 +122,4 @@ def _dense(
 def _ranks(chunks: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Pure: the rank of every cell of arrays `lengths` long of `chunks`, laid end to end."""
     starts = np.cumsum(lengths) - lengths
-    return np.repeat(chunks * matrix.CHUNK_RANKS - starts, lengths) + np.arange(lengths.sum())
+    return np.repeat(chunks * step_matrix.CHUNK_RANKS - starts, lengths) + np.arange(lengths.sum())

@@ -12,7 +12,7 @@ import msgspec
 from sqlalchemy import func, select
 
 from vigil import columns, schema
-from vigil.collector import matrix, tables
+from vigil.collector import step_matrix, tables
 from vigil.collector.store import Store
 
 # Aggregates of the last steps of a 10,000-rank job with a few groups: bounded, not unbounded.
@@ -47,12 +47,12 @@ def recent(
         if last is None:
             return records, None
         first = max(0, int(last) - steps + 1)
-        picked = [s.c[name] for name in matrix.STEP_COLUMNS]
+        picked = [s.c[name] for name in step_matrix.STEP_COLUMNS]
         rows = conn.execute(
             select(*picked).where(s.c.job_id == job_id, s.c.step >= first).order_by(s.c.step)
         ).all()
         agg_rows = conn.execute(
-            select(*(a.c[name] for name in matrix.struct_columns(schema.CollectiveAggregate)))
+            select(*(a.c[name] for name in step_matrix.struct_columns(schema.CollectiveAggregate)))
             .where(a.c.job_id == job_id, a.c.step >= first)
             .order_by(a.c.step)
             .limit(_MAX_AGG_ROWS)

@@ -18,16 +18,16 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 
 from vigil import columns, schema
-from vigil.collector import dialects, matrix, pgcopy, tables, validate
+from vigil.collector import dialects, pgcopy, step_matrix, tables, validate
 
 # Bulk rows are the records' own field tuples (msgspec.structs.astuple: 3x cheaper than reading
 # attributes by name), so column lists follow the wire field order. A new wire field needs a
 # migration adding its column (tests/collector/test_store.py checks the two agree).
 as_row = msgspec.structs.astuple
-STEP_COLUMNS = matrix.STEP_COLUMNS
-AGG_COLUMNS = matrix.struct_columns(schema.CollectiveAggregate)
-EVENT_COLUMNS = [*matrix.struct_columns(schema.CollectiveEvent), "received_s"]
-SAMPLE_COLUMNS = [*matrix.struct_columns(schema.Sample), "received_s"]
+STEP_COLUMNS = step_matrix.STEP_COLUMNS
+AGG_COLUMNS = step_matrix.struct_columns(schema.CollectiveAggregate)
+EVENT_COLUMNS = [*step_matrix.struct_columns(schema.CollectiveEvent), "received_s"]
+SAMPLE_COLUMNS = [*step_matrix.struct_columns(schema.Sample), "received_s"]
 HEARTBEAT_COLUMNS = [c.name for c in tables.heartbeats.columns if c.name != "id"]
 BULK_TABLES = {
     tables.step_records.name: STEP_COLUMNS,
@@ -96,7 +96,7 @@ def _steps(
     postgres = conn.dialect.name == dialects.POSTGRESQL
     block = checked.block if postgres else None
     rows: list[tuple[Any, ...]] | None = None if block is not None else checked.step_rows()
-    prepared: list[matrix.Prepared] = []
+    prepared: list[step_matrix.Prepared] = []
     if verify and not postgres:  # no idle slot: verify up front
         steps, verify = validate.verify_group(schema.StepRecord, records, rows, steps), False
 
@@ -104,7 +104,7 @@ def _steps(
         cols = steps
         if verify:
             cols = validate.verify_group(schema.StepRecord, records, rows, steps)
-        prepared.append(matrix.prepare(conn, rows, cols))
+        prepared.append(step_matrix.prepare(conn, rows, cols))
 
     dialects.bulk_write(
         conn,
@@ -115,7 +115,7 @@ def _steps(
         meanwhile=meanwhile,
         encoded=None if block is None else (lambda: step_copy(block)),
     )
-    matrix.apply(conn, prepared[0])
+    step_matrix.apply(conn, prepared[0])
     return prepared[0].steps
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from sqlalchemy import select
 
 from vigil import columns, schema
-from vigil.collector import Store, matrix, pgcopy, tables, validate, writes
+from vigil.collector import Store, pgcopy, step_matrix, tables, validate, writes
 
 
 def _row(rng: random.Random, width: int) -> tuple[object, ...]:
@@ -37,13 +37,13 @@ def test_matrix_patch_matches_cell_by_cell(store: Store) -> None:
     for _ in range(40):
         rows = [_row(rng, rng.choice([2, 30, 300, 2100])) for _ in range(rng.choice([1, 7, 200]))]
         with store.write() as conn:
-            matrix.write(conn, rows)
+            step_matrix.write(conn, rows)
         # The reference: a later row for a cell wins; a chunk's arrays only widen, to cover the
         # highest cell seen in it, and a chunk no rank reported has no row.
         for job_id, rank, step, start, end, *rest in rows:
-            chunk, cell = divmod(rank, matrix.CHUNK_RANKS)  # type: ignore[operator]
+            chunk, cell = divmod(rank, step_matrix.CHUNK_RANKS)  # type: ignore[operator]
             arrays = expected.setdefault(
-                (job_id, step, chunk), [array("d") for _ in matrix.METRICS]
+                (job_id, step, chunk), [array("d") for _ in step_matrix.METRICS]
             )  # type: ignore[arg-type]
             for a in arrays:
                 a.extend([math.nan] * (cell + 1 - len(a)))
@@ -51,7 +51,7 @@ def test_matrix_patch_matches_cell_by_cell(store: Store) -> None:
             arrays[1][cell] = rest[4]  # type: ignore[assignment]
             arrays[2][cell] = rest[7]  # type: ignore[assignment]
     assert stored_matrix(store) == {
-        key: [matrix.pack(a) for a in arrays] for key, arrays in expected.items()
+        key: [step_matrix.pack(a) for a in arrays] for key, arrays in expected.items()
     }
 
 
@@ -62,7 +62,7 @@ def stored_matrix(store: Store) -> dict[tuple[str, int, int], list[bytes]]:
         return {
             (job_id, step, chunk): list(blobs)
             for job_id, step, chunk, *blobs in conn.execute(
-                select(t.c.job_id, t.c.step, t.c.chunk, *(t.c[m] for m in matrix.METRICS))
+                select(t.c.job_id, t.c.step, t.c.chunk, *(t.c[m] for m in step_matrix.METRICS))
             )
         }
 
@@ -74,7 +74,7 @@ def test_runs_end_at_chunk_boundaries() -> None:
         )
         for r in [*range(1020, 1030), 2047, 2048, 5]
     ]
-    runs = matrix.runs(rows)
+    runs = step_matrix.runs(rows)
     assert list(zip(runs.chunks, runs.offsets, runs.levels, strict=True)) == [
         (0, 5, 0),
         (0, 1020, 1),

@@ -18,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from tests.collector import records as rec
 from tests.collector.test_bulk_paths import stored_matrix
 from vigil import schema
-from vigil.collector import Store, StoreConfig, heatmap, matrix, migrate, tables
+from vigil.collector import Store, StoreConfig, heatmap, migrate, step_matrix, tables
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def _read(
 def _bytes_per_step(store: Store) -> dict[int, tuple[int, int]]:
     """Per step: (rows, stored array bytes of all metrics)."""
     t = tables.step_matrix
-    size = sum((sa.func.length(t.c[m]) for m in matrix.METRICS), sa.literal(0))
+    size = sum((sa.func.length(t.c[m]) for m in step_matrix.METRICS), sa.literal(0))
     query = sa.select(t.c.step, sa.func.count(), sa.func.sum(size)).group_by(t.c.step)
     with store.read() as conn:
         return {step: (int(n), int(b)) for step, n, b in conn.execute(query)}
@@ -89,7 +89,7 @@ def _chunked(expected: Cells) -> dict[tuple[str, int, int], list[bytes]]:
     the chunk's highest reported cell (NaN = missing)."""
     rows: dict[tuple[str, int, int], np.ndarray] = {}  # type: ignore[type-arg]
     for (job, step, rank), values in sorted(expected.items()):
-        chunk, cell = divmod(rank, matrix.CHUNK_RANKS)
+        chunk, cell = divmod(rank, step_matrix.CHUNK_RANKS)
         grid = rows.get((job, step, chunk), np.full((3, 0), np.nan))
         if grid.shape[1] <= cell:
             grid = np.pad(grid, ((0, 0), (0, cell + 1 - grid.shape[1])), constant_values=np.nan)
@@ -144,13 +144,15 @@ def _old_rows() -> list[dict[str, object]]:
         arrays = np.full((3, max(cells) + 1), np.nan, dtype="<f8")
         for rank, value in cells.items():
             arrays[:, rank] = (value, value / 10, value / 100)
-        blobs = {m: arrays[i].tobytes() for i, m in enumerate(matrix.METRICS)}
+        blobs = {m: arrays[i].tobytes() for i, m in enumerate(step_matrix.METRICS)}
         rows.append({"job_id": job, "step": step, **blobs})
     return rows
 
 
 def _old_table() -> sa.TableClause:
-    return sa.table("step_matrix", *(sa.column(c) for c in ("job_id", "step", *matrix.METRICS)))
+    return sa.table(
+        "step_matrix", *(sa.column(c) for c in ("job_id", "step", *step_matrix.METRICS))
+    )
 
 
 def _move(store: Store, revision: str) -> None:
@@ -206,7 +208,7 @@ def test_migration_0004_splits_matrices_into_chunks_and_back(store_url: str) -> 
         with store.read() as conn:
             old = {(r.job_id, r.step): tuple(r[2:]) for r in conn.execute(sa.select(_old_table()))}
         assert old == {
-            (r["job_id"], r["step"]): tuple(r[m] for m in matrix.METRICS) for r in _old_rows()
+            (r["job_id"], r["step"]): tuple(r[m] for m in step_matrix.METRICS) for r in _old_rows()
         }
         if store.dialect == "postgresql":
             assert _storage(store) == {"e"}

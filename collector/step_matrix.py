@@ -1,4 +1,6 @@
-"""Rank-major step matrices: per (job, step, chunk of 1,024 ranks) one float64 array per metric.
+"""The write side of the heatmaps: the `step_matrix` table, patched by ingest (`heatmap` reads it).
+
+Rank-major step matrices: per (job, step, chunk of 1,024 ranks) one float64 array per metric.
 
 A rank x step heatmap of a 1,024-rank job over 1,000 steps is a million cells; reading them as a
 million rows costs seconds, reading 1,000 rows of packed arrays costs milliseconds. A step's ranks
