@@ -3,6 +3,7 @@ support."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,16 +17,31 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ["agent", "collector", "analyzer", "recovery", "trainer", "kernels"]
 # Test support shared by tests and benchmarks (tests/support/): never part of the product.
 TEST_SUPPORT = {p.stem for p in (ROOT / "tests" / "support").glob("*.py")} - {"__init__"}
+# Caches, environments and build output in a checkout, left out of the copy that is built.
+NOT_SOURCES = (
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    # sdist, then the wheel from the unpacked sdist (what a release does): a wheel built straight
-    # from the checkout would also ship whatever a stale build/lib still holds.
+    # Built from a copy of the sources: a build in the checkout would leave a vigil.egg-info in
+    # the root, whose entry points shadow the installed ones for anything run from there. sdist,
+    # then the wheel from the unpacked sdist (what a release does): a wheel built straight from
+    # a tree ships whatever a stale build/lib there still holds.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCES))
     subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
