@@ -1,5 +1,7 @@
-"""Offline analysis of whole runs: every detector over a job's arrays and records.
+"""Whole-run analysis of what is already in memory: every detector over a job's records or arrays.
 
+`offline` finds and reads the files (`vigil analyze PATH`) and hands their records here; tests
+and benchmarks call it directly; `streaming` runs the same detectors over its window instead.
 `analyze_arrays` runs the array detectors (stragglers, data stalls, slow links, stage and
 sequence-length imbalance, MFU drops); `analyze_records` groups records by job, builds the arrays
 and also replays progress and heartbeats through the hang tracker, taking "now" as the newest

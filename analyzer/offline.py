@@ -1,5 +1,6 @@
-"""`vigil analyze PATH`: find SDK JSONL files, Kineto traces and Flight Recorder dumps under a
-path, analyse them, and collect everything into one `Report`.
+"""The file side of `vigil analyze PATH`: find SDK JSONL files, Kineto traces and Flight Recorder
+dumps under a path, read them, and collect everything into one `Report` (the detectors run in
+`engine`, over the records read here).
 
 Files are recognised by content, not name: `*.jsonl` are SDK record lines (dispatched by their
 `type` tag), JSON starting like a Chrome trace is Kineto, JSON or pickle shaped like torch's
