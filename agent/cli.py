@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from vigil import cli
+from vigil import cli, settings, spool
 from vigil.agent import config, daemon, progress
 from vigil.cli import Command
 from vigil.env import EnvVar
@@ -84,6 +84,8 @@ def _run(args: argparse.Namespace) -> int:
         token=os.environ.get(EnvVar.TOKEN),
         spool_dir=args.spool_dir,
         spool_max_bytes=args.spool_max_bytes,
+        # What `vigil diag` runs on this node left unsent (it spools under the data dir).
+        replay_dirs=(spool.diag_dir(settings.CommonSettings().data_dir),),
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         sample_interval_s=args.sample_interval,

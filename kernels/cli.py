@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vigil import cli, codec, schema, settings
+from vigil import cli, codec, schema, settings, spool
 from vigil.kernels import catalog, ship, verdict
 
 if TYPE_CHECKING:
@@ -127,9 +127,7 @@ def _num(value: float | None) -> str:
 
 
 def _ship(results: list[schema.DiagResult], url: str, common: settings.CommonSettings) -> None:
-    config = ship.ShipConfig(
-        url=url, token=common.token, spool_dir=common.data_dir / "spool" / "diag"
-    )
+    config = ship.ShipConfig(url=url, token=common.token, spool_dir=spool.diag_dir(common.data_dir))
     outcome = ship.send(results, config)
     message = f"diag results {outcome.delivery.value} ({outcome.batch_id}) {outcome.detail}".strip()
     Console(stderr=True).print(message)

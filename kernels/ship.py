@@ -1,9 +1,13 @@
-"""Sends diag results to a collector, as interfaces.md says senders must.
+"""Sends `vigil diag` results to a collector through the core sender (`vigil.outbox`).
 
-POST `{collector}{vigil.api.INGEST_PATH}` with a codec batch frame. 2xx is committed (a
-duplicate batch id too); 4xx is a permanent rejection, logged and never retried; 5xx, connection
-errors and timeouts are retried with exponential backoff, then the frame is spooled to disk so
-nothing is lost. The HTTP client and the sleep function are injectable.
+One batch per run, per the ingest contract: 2xx is committed (a duplicate batch id too); a 4xx
+that retrying cannot change is final (the batch is kept in the spool's `quarantine/`, never
+resent); 5xx, connection errors, timeouts and 401/403/408/429 are retried with the core's
+backoff schedule, then the batch waits in the spool (`vigil.spool`, bounded). The next run sends
+what earlier runs left there first, and the spools of earlier runs that were still running (or
+whose folder was busy) once their process is gone; the node agent replays the same folder
+(`vigil.spool.diag_dir`) on its own. Without a spool directory an undelivered batch is lost,
+and said to be. The HTTP client and the sleep function are injectable.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from pathlib import Path
 
 import httpx
 
-from vigil import api, codec, schema
+from vigil import codec, delivery, outbox, schema, sender, spool
 
 log = logging.getLogger(__name__)
+
+SOURCE = "vigil-diag"
+# A run's batch is a few KiB: 16 MiB keeps thousands of runs while the collector is away.
+SPOOL_MAX_BYTES = 16 * 1024 * 1024
+_RETRIED = "at the next `vigil diag` run (or by the node agent)"
 
 
 class Delivery(enum.StrEnum):
     ACCEPTED = "accepted"
     REJECTED = "rejected"
     SPOOLED = "spooled"
-    LOST = "lost"  # collector down and no spool directory configured
+    LOST = "lost"  # not delivered and no spool directory configured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +54,19 @@ class ShipConfig:
         if self.timeout_s <= 0 or self.attempts < 1 or self.backoff_s < 0:
             raise ValueError("shipping needs timeout_s > 0, attempts >= 1 and backoff_s >= 0")
 
+    def sender_config(self) -> sender.SenderConfig:
+        """The core sender's settings: waits of backoff_s, then doubling, per attempt."""
+        return sender.SenderConfig(
+            collector_url=self.url,
+            spool_dir=self.spool_dir,
+            token=self.token,
+            spool_max_bytes=SPOOL_MAX_BYTES,
+            timeout_s=self.timeout_s,
+            max_attempts=self.attempts,
+            backoff_initial_s=self.backoff_s,
+            backoff_max_s=self.backoff_s * 2 ** max(0, self.attempts - 2),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ShipOutcome:
@@ -60,50 +82,64 @@ def send(
     client: httpx.Client | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ShipOutcome:
-    batch_id = codec.new_batch_id()
-    frame = codec.encode_batch(records, batch_id=batch_id, source="vigil-diag")
-    headers = {"Content-Type": api.BATCH_MEDIA_TYPE, api.BATCH_ID_HEADER: batch_id}
-    if config.token:
-        headers["Authorization"] = f"Bearer {config.token}"
-    url = config.url.rstrip("/") + api.INGEST_PATH
-    own = client is None
-    http = client or httpx.Client(timeout=config.timeout_s)
-    try:
-        detail = ""
-        for attempt in range(config.attempts):
-            if attempt:
-                sleep(config.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = http.post(url, content=frame, headers=headers, timeout=config.timeout_s)
-            except httpx.HTTPError as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-                log.warning("collector unreachable (attempt %d): %s", attempt + 1, detail)
-                continue
-            if response.is_success:
-                return ShipOutcome(delivery=Delivery.ACCEPTED, batch_id=batch_id)
-            detail = f"HTTP {response.status_code}: {response.text[:500]}"
-            if 400 <= response.status_code < 500:
-                log.error("collector rejected diag batch %s: %s", batch_id, detail)
-                return ShipOutcome(delivery=Delivery.REJECTED, batch_id=batch_id, detail=detail)
-            log.warning("collector error (attempt %d): %s", attempt + 1, detail)
-    finally:
-        if own:
-            http.close()
-    return _spool(frame, batch_id, config, detail)
-
-
-def _spool(frame: bytes, batch_id: str, config: ShipConfig, detail: str) -> ShipOutcome:
+    """Ship `records` as one batch after what earlier runs left; what became of it."""
+    cfg = config.sender_config()
     if config.spool_dir is None:
-        log.error(
-            "diag batch %s lost: collector unavailable (%s) and no spool dir", batch_id, detail
-        )
+        return _send_unspooled(records, cfg, client=client, sleep=sleep)
+    box = outbox.Outbox(cfg, source=SOURCE, client=client, sleep=sleep, retried=_RETRIED)
+    try:
+        posted = box.post(records)
+        if posted.fate is not outbox.Fate.SPOOLED:  # the collector is there: earlier runs' too
+            _replay_earlier(config.spool_dir, cfg, box)
+    finally:
+        box.close()
+    if posted.fate is outbox.Fate.COMMITTED:
+        return ShipOutcome(delivery=Delivery.ACCEPTED, batch_id=posted.batch_id)
+    if posted.fate is outbox.Fate.QUARANTINED:
+        log.error("collector rejected diag batch %s: %s", posted.batch_id, posted.detail)
         return ShipOutcome(
-            delivery=Delivery.SPOOLED, batch_id=batch_id, detail=f"not spooled: {detail}"
+            delivery=Delivery.REJECTED, batch_id=posted.batch_id, detail=posted.detail
         )
-    config.spool_dir.mkdir(parents=True, exist_ok=True)
-    path = config.spool_dir / f"{batch_id}.vgl"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(frame)
-    tmp.replace(path)  # atomic: a reader never sees half a frame
-    log.warning("collector unavailable (%s): diag batch spooled to %s", detail, path)
-    return ShipOutcome(delivery=Delivery.SPOOLED, batch_id=batch_id, detail=str(path))
+    return ShipOutcome(
+        delivery=Delivery.SPOOLED, batch_id=posted.batch_id, detail=str(box.spool.directory)
+    )
+
+
+def _replay_earlier(directory: Path, cfg: sender.SenderConfig, box: outbox.Outbox) -> None:
+    """Send what earlier runs left in the sibling spools (`open_spool`'s fallbacks) whose
+    process is gone."""
+    earlier = outbox.Orphans(
+        lambda: spool.siblings(directory),
+        cfg=cfg,
+        shared_sender=box.sender,
+        skip=box.spool.directory,
+    )
+    try:
+        earlier.tick()
+    finally:
+        earlier.close()
+
+
+def _send_unspooled(
+    records: Sequence[schema.Record],
+    cfg: sender.SenderConfig,
+    *,
+    client: httpx.Client | None,
+    sleep: Callable[[float], None],
+) -> ShipOutcome:
+    batch_id = codec.new_batch_id()
+    frame = codec.encode_batch(records, batch_id=batch_id, source=SOURCE)
+    post = sender.Sender(cfg, client=client, sleep=sleep)
+    try:
+        result = post.send(batch_id, len(records), frame)
+    finally:
+        post.close()
+    if result.outcome is delivery.Outcome.COMMITTED:
+        return ShipOutcome(delivery=Delivery.ACCEPTED, batch_id=batch_id)
+    if result.outcome is delivery.Outcome.REJECTED:
+        log.error("collector rejected diag batch %s: %s", batch_id, result.detail)
+        return ShipOutcome(delivery=Delivery.REJECTED, batch_id=batch_id, detail=result.detail)
+    log.error(
+        "diag batch %s lost: collector unavailable (%s) and no spool dir", batch_id, result.detail
+    )
+    return ShipOutcome(delivery=Delivery.LOST, batch_id=batch_id, detail=result.detail)

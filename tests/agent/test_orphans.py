@@ -3,7 +3,8 @@ batches (the FINISHED heartbeat among them) in its spool, and the node agent rep
 the collector is back; a second agent never replays them again, and a live rank's spool is
 never touched.
 
-The rank is a real process that exits; the agents and the collector stand-in run here.
+The agent replays what an exited `vigil diag` run left in its spool the same way. The rank and
+the diag run are real processes that exit; the agents and the collector stand-in run here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 import vigil.agent
 from tests.agent import conftest, receiver
-from vigil import schema
+from vigil import schema, spool
 from vigil.agent import config, daemon, orphans
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,39 @@ def test_a_live_ranks_spool_is_left_alone(tmp_path: Path) -> None:
         collector.stop()
     _orphans(agent).tick()  # shut down, but this process (its owner) still runs
     assert collector.requests == 0 and len(spooled) > 0
+
+
+_DIAG_WHILE_AWAY = """
+import sys
+from pathlib import Path
+from vigil import schema
+from vigil.kernels import ship
+r = schema.DiagResult(node="n1", device="cpu", test="gemm.fp32.torch", value=1.0)
+config = ship.ShipConfig(url=sys.argv[1], spool_dir=Path(sys.argv[2]), attempts=1)
+assert ship.send([r], config).delivery == "spooled"
+"""
+
+
+def test_the_agent_replays_what_a_diag_run_left(tmp_path: Path) -> None:
+    port = conftest.free_port()
+    url, diag = f"http://127.0.0.1:{port}", spool.diag_dir(tmp_path / "data")
+    run = [sys.executable, "-c", _DIAG_WHILE_AWAY, url, str(diag)]
+    subprocess.run(run, check=True, timeout=120)  # the collector is away; the run exits
+    cfg = config.AgentConfig(
+        node="a",
+        progress_dir=tmp_path / "pages",
+        collector=url,
+        use_nvml=False,
+        replay_dirs=(diag,),
+    )
+    agent = daemon.Agent(cfg, gpus=None)
+    collector = receiver.Receiver(port)
+    try:
+        _orphans(agent).tick()
+    finally:
+        agent.stop()
+        collector.stop()
+    assert [r.test for r in collector.records if isinstance(r, schema.DiagResult)] == [
+        "gemm.fp32.torch"
+    ]
+    assert _orphans(agent).replayed_spools == 1 and not diag.exists()
