@@ -2,21 +2,26 @@
 
 `CollectorFindings` polls the analyzer's findings for one job; `CollectorActions` posts each
 action's new state (and the controller's own crash findings) through ingest, where the collector
-upserts them by id. Both are best effort:
-a collector that is down costs visibility, never the recovery (the journal is the truth).
+upserts them by id, with the core sender (`vigil.outbox`): retried with its backoff schedule,
+spooled while the collector is away, and sent again, oldest first, before the next post (the
+spools of controllers that exited, found beside this one's, once this one gets through). Both are
+best effort: a collector that is down costs visibility, never the recovery (the journal is the
+truth), and no post blocks the controller longer than `attempts` x `timeout_s`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 
-from vigil import api, codec
+from vigil import api, outbox, sender, settings, spool
 from vigil.schema import Action, Finding
 
 log = logging.getLogger(__name__)
@@ -56,28 +61,77 @@ class CollectorFindings:
         return findings
 
 
+# A controller posts a handful of records per recovery: 4 MiB keeps thousands of them.
+SPOOL_MAX_BYTES = 4 * 1024 * 1024
+
+
 @dataclass(kw_only=True)
 class CollectorActions:
     url: str
     token: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     client: httpx.Client = field(default_factory=httpx.Client)
+    # Where posts wait while the collector is away; None: `<data dir>/spool/controller`.
+    spool_dir: Path | None = None
+    # Two attempts (a 5xx hiccup is retried once): a wedged collector holds the controller's
+    # loop up for at most 2 x timeout_s per post; the spool keeps the rest.
+    attempts: int = 2
+    sleep: Callable[[float], None] = time.sleep
+    _box: outbox.Outbox | None = field(default=None, init=False, repr=False)
+    _earlier: outbox.Orphans | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.timeout_s <= 0:
+            raise ValueError("CollectorActions needs attempts >= 1 and timeout_s > 0")
 
     def publish(self, record: Action | Finding) -> None:
+        """Post `record` after whatever is spooled; keep it in the spool if it does not go."""
         if isinstance(record, Action):
             batch_id = f"action-{record.action_id}-{record.state.value}"
         else:
             batch_id = f"finding-{record.finding_id}"
-        frame = codec.encode_batch([record], batch_id=batch_id, source="controller")
-        headers = {
-            "Content-Type": api.BATCH_MEDIA_TYPE,
-            api.BATCH_ID_HEADER: batch_id,
-            **_headers(self.token),
-        }
-        response = self.client.post(
-            f"{self.url.rstrip('/')}{api.INGEST_PATH}",
-            content=frame,
-            headers=headers,
-            timeout=self.timeout_s,
-        )
-        response.raise_for_status()
+        box, earlier = self._open()
+        posted = box.post([record], batch_id=batch_id)
+        if posted.fate is not outbox.Fate.SPOOLED:  # the collector is there: exited ones' too
+            earlier.tick()
+
+    def replay(self) -> bool:
+        """Send what is spooled; False while the collector is away."""
+        box, earlier = self._open()
+        return box.replay() and earlier.tick()
+
+    def _open(self) -> tuple[outbox.Outbox, outbox.Orphans]:
+        if self._box is None or self._earlier is None:
+            directory = (
+                self.spool_dir or settings.CommonSettings().data_dir / "spool" / "controller"
+            )
+            cfg = sender.SenderConfig(
+                collector_url=self.url,
+                spool_dir=directory,
+                token=self.token,
+                spool_max_bytes=SPOOL_MAX_BYTES,
+                timeout_s=self.timeout_s,
+                max_attempts=self.attempts,
+            )
+            self._box = outbox.Outbox(
+                cfg,
+                source="controller",
+                client=self.client,
+                sleep=self.sleep,
+                retried="before the controller's next post",
+            )
+            self._earlier = outbox.Orphans(
+                lambda: spool.siblings(directory),
+                cfg=cfg,
+                shared_sender=self._box.sender,
+                skip=self._box.spool.directory,
+            )
+        return self._box, self._earlier
+
+    def close(self) -> None:
+        """Release the spool (what is in it waits for the next controller)."""
+        if self._earlier is not None:
+            self._earlier.close()
+        if self._box is not None:
+            self._box.close()
+        self._box = self._earlier = None

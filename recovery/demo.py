@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from vigil import api
+from vigil.env import EnvVar
 from vigil.recovery import (
     checkpoint_request,
     collector_link,
@@ -115,8 +116,8 @@ def platform(workdir: Path, port: int = 0) -> Iterator[str]:
     port = port or local.free_port()
     url = f"http://127.0.0.1:{port}"
     python = sys.executable
-    env = dict(os.environ, VIGIL_ANALYZER_TICK_S="0.5", PYTHONUNBUFFERED="1")
-    env.pop("VIGIL_FAULTS", None)
+    env = {**os.environ, EnvVar.ANALYZER_TICK_S: "0.5", "PYTHONUNBUFFERED": "1"}
+    env.pop(EnvVar.FAULTS, None)
     services = Services()
     try:
         services.start(
@@ -190,7 +191,7 @@ def supervise(spec: TrainJob) -> int:
     executor = local.LocalExecutor(
         command=spec.command(),
         run_dir=spec.workdir / "controller",
-        env={"VIGIL_JOB": spec.job, "VIGIL_COLLECTOR_URL": spec.url},
+        env={EnvVar.JOB: spec.job, EnvVar.COLLECTOR_URL: spec.url},
         snapshot_root=spec.workdir / "shm",
     )
     ctl = controller.Controller(
@@ -209,7 +210,9 @@ def supervise(spec: TrainJob) -> int:
         checkpointer=checkpoint_request.PageCheckpointer(
             progress_dir=Path("/dev/shm/vigil"), job_id=spec.job
         ),
-        sink=collector_link.CollectorActions(url=spec.url),
+        sink=collector_link.CollectorActions(
+            url=spec.url, spool_dir=spec.workdir / "controller-posts.spool"
+        ),
     )
     return ctl.run()
 
