@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from vigil import schema, sender
+from vigil.env import EnvVar
 
 # /dev/shm is RAM-backed on Linux, so a wedged process's last page write is visible to the agent
 # immediately and the page costs no disk I/O.
@@ -184,7 +185,7 @@ def default_node() -> str:
     """This host's name, as ranks and the agent report it."""
     # VIGIL_NODE: set by `vigil run` for simulated nodes; NODE_NAME: Kubernetes' downward API.
     return (
-        os.environ.get("VIGIL_NODE")
+        os.environ.get(EnvVar.NODE)
         or os.environ.get("NODE_NAME")
         or os.uname().nodename
         or "localhost"

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from vigil import cli
+from vigil.env import EnvVar
 from vigil.recovery import controller, journal, local, placement, policy, snapshot_files
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         executor = local.LocalExecutor(
             command=command,
             run_dir=run_dir,
-            env={"VIGIL_JOB": job_id},
+            env={EnvVar.JOB: job_id},
             snapshot_root=args.snapshot_dir,
         )
         book = journal.Journal(run_dir)

@@ -18,6 +18,7 @@ from typing import Protocol
 import msgspec
 
 from vigil.analyzer import stacks as analyzer_stacks
+from vigil.env import EnvVar
 from vigil.recovery import journal as journal_mod
 from vigil.recovery import policy
 from vigil.recovery.executor import RankExit
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 # `vigil train` (and well-behaved jobs) exit 2 on a bad configuration: never restart for that.
 BAD_CONFIG_EXIT = 2
 # Test-only crash injection: the controller exits hard when it reaches this stage (see STAGES).
-DIE_AT_ENV = "VIGIL_CONTROLLER_DIE_AT"
 STAGES = ("planned", "stopped", "placed", "launched", "recorded")
 
 
@@ -371,6 +371,6 @@ class Controller:
         self.journal.save_state(self.state)
 
     def _die_if(self, stage: str) -> None:
-        if os.environ.get(DIE_AT_ENV) == stage:
-            log.error("dying at stage %r (%s is set)", stage, DIE_AT_ENV)
+        if os.environ.get(EnvVar.CONTROLLER_DIE_AT) == stage:
+            log.error("dying at stage %r (%s is set)", stage, EnvVar.CONTROLLER_DIE_AT)
             os._exit(70)

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from vigil.agent import stacks as stacks_mod
+from vigil.env import EnvVar
 from vigil.recovery import snapshot_files
 from vigil.recovery.executor import RankExit
 from vigil.recovery.placement import Placement
@@ -48,8 +49,8 @@ _UNRUNNABLE = {NOT_EXECUTABLE_EXIT: "could not be executed", NOT_FOUND_EXIT: "wa
 # The TERM/INT traps are handlers, not ignores, so the training process keeps default signals.
 _WRAPPER = (
     'trap : TERM INT; "$@"; code=$?; '
-    'printf "%s %s" "$code" "$(date +%s.%N)" > "$VIGIL_EXIT_FILE.tmp"; '
-    'mv "$VIGIL_EXIT_FILE.tmp" "$VIGIL_EXIT_FILE"; exit $code'
+    f'printf "%s %s" "$code" "$(date +%s.%N)" > "${EnvVar.EXIT_FILE}.tmp"; '
+    f'mv "${EnvVar.EXIT_FILE}.tmp" "${EnvVar.EXIT_FILE}"; exit $code'
 )
 
 
@@ -97,7 +98,7 @@ class LocalExecutor:
         folder.mkdir(parents=True, exist_ok=True)
         for rank in range(placement.world_size):
             env = self._rank_env(placement, rank, attempt, port)
-            env["VIGIL_EXIT_FILE"] = str(folder / f"rank-{rank}.exit")
+            env[EnvVar.EXIT_FILE] = str(folder / f"rank-{rank}.exit")
             out = open(folder / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
             try:
                 proc = subprocess.Popen(
@@ -133,12 +134,12 @@ class LocalExecutor:
             MASTER_ADDR=self.master_addr,
             MASTER_PORT=str(port),
             TORCHELASTIC_RESTART_COUNT=str(attempt),
-            VIGIL_RESTART_COUNT=str(attempt),
-            VIGIL_NODE=node,
             PYTHONUNBUFFERED="1",
         )
+        env[EnvVar.RESTART_COUNT] = str(attempt)
+        env[EnvVar.NODE] = node
         if self.snapshot_root is not None:
-            env["VIGIL_SNAPSHOT_DIR"] = str(self.snapshot_root)
+            env[EnvVar.SNAPSHOT_DIR] = str(self.snapshot_root)
         return env
 
     def attempt_dir(self, attempt: int) -> Path:

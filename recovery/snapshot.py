@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from vigil.env import EnvVar
 from vigil.recovery import snapshot_files
 
 log = logging.getLogger(__name__)
@@ -125,13 +126,13 @@ class Snapshotter:
 
 def from_env(*, job: str) -> Snapshotter | None:
     """A Snapshotter for a rank started by `vigil run` (VIGIL_SNAPSHOT_DIR set), else None."""
-    root = os.environ.get("VIGIL_SNAPSHOT_DIR")
+    root = os.environ.get(EnvVar.SNAPSHOT_DIR)
     if not root or not (dist.is_available() and dist.is_initialized()):
         return None
     world = dist.get_world_size()
     return Snapshotter(
         job=job,
-        node=os.environ.get("VIGIL_NODE", "localhost"),
+        node=os.environ.get(EnvVar.NODE, "localhost"),
         rank=dist.get_rank(),
         world_size=world,
         ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),

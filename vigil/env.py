@@ -33,6 +33,13 @@ class EnvVar(enum.StrEnum):
     JOB = "VIGIL_JOB"
     # Where per-step in-memory snapshots live (node shared memory; default /dev/shm).
     SNAPSHOT_DIR = "VIGIL_SNAPSHOT_DIR"
+    # Set by `vigil run` for each rank's `sh` wrapper: the file it leaves "<exit code> <time>" in,
+    # so a restarted controller that cannot wait() on its predecessor's children learns how and
+    # when they ended.
+    EXIT_FILE = "VIGIL_EXIT_FILE"
+    # Tests only: the `vigil run` controller kills itself at this stage (planned, stopped, placed,
+    # launched, recorded), so a test can check that a replaced controller resumes exactly once.
+    CONTROLLER_DIE_AT = "VIGIL_CONTROLLER_DIE_AT"
     # Restart attempt number a supervisor gives the trainer's ranks: keys the per-attempt store
     # prefix (restarted gloo workers cannot reuse an earlier attempt's keys) and which faults fire.
     RESTART_COUNT = "VIGIL_RESTART_COUNT"

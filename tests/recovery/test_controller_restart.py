@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from vigil import codec
-from vigil.recovery.controller import DIE_AT_ENV, STAGES
+from vigil.env import EnvVar
+from vigil.recovery.controller import STAGES
 from vigil.schema import Action, ActionState
 
 HERE = Path(__file__).parent
@@ -29,9 +30,9 @@ def vigil_run(run_dir: Path, toy: Path, die_at: str | None) -> subprocess.Comple
         "TOY_STEP_S": "0.03",
         "TOY_CRASH": "0:1:3",
     }
-    env.pop(DIE_AT_ENV, None)
+    env.pop(EnvVar.CONTROLLER_DIE_AT, None)
     if die_at:
-        env[DIE_AT_ENV] = die_at
+        env[EnvVar.CONTROLLER_DIE_AT] = die_at
     return subprocess.run(
         [
             sys.executable,
