@@ -162,7 +162,7 @@ def test_an_unreachable_collector_spools_the_batch(tmp_path: Path) -> None:
     assert codec.decode_batch(spooled.read_bytes()).records == _records()
 
 
-def test_run_node_is_the_preflight_api_the_trainer_calls() -> None:
+def test_run_node_is_an_in_process_preflight_api() -> None:
     results = run_node(suite.Level.QUICK, only={"sdc", "gemm"}, node="preflight-node")
     assert {r.test for r in results} >= {"sdc.mismatches", "sdc.checksum", "gemm.fp32.torch"}
     assert {r.node for r in results} == {"preflight-node"}
