@@ -265,8 +265,8 @@ def run_node(
     cpu: bool = False,
     only: set[str] | None = None,
 ) -> list[schema.DiagResult]:
-    """Run the default plan on this node's devices: the trainer's pre-flight check and the
-    recovery controller's check of a suspect node call this (or `vigil diag`)."""
+    """Run the default plan on this node's devices: the in-process API for a pre-flight check or
+    a suspect node's check (nothing in vigil calls it yet; `vigil diag` runs the same suite)."""
     targets = devices.local_targets(cpu=cpu)
     plan = default_plan(level, on_gpu=targets[0].is_cuda)
     runner = Suite(
