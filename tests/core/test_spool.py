@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vigil import spool
+from vigil import codec, schema, spool
 
 FRAME = b"x" * 100
 
@@ -119,3 +119,41 @@ def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
     assert spool.owner_alive(spool.Owner(me, ""), proc)  # start unknown: the pid decides
     assert spool.owner_alive(spool.Owner(me, spool.process_start(me)))
     assert not spool.owner_alive(spool.Owner(me, "1"))  # same pid, another process
+
+
+def test_any_batch_id_survives_a_reopen(tmp_path: Path) -> None:
+    # A controller's ids hold '/' and may be 256 characters: no file could be named after them.
+    odd = ["action-crash-a0-r1/0-restart-pending", "x" * 256]
+    s = spool.Spool(tmp_path / "s", max_bytes=1 << 20)
+    for batch_id in odd:
+        beat = schema.Heartbeat(job_id="j", rank=0, time_s=1.0)
+        s.push(batch_id, 1, codec.encode_batch([beat], batch_id=batch_id))
+    s.push("plain-id", 1, FRAME)
+    s.close()
+    again = spool.Spool(tmp_path / "s", max_bytes=1 << 20)
+    assert [b.batch_id for b in again.pending()] == [*odd, "plain-id"]
+    assert all(len(b.path.name) < 100 for b in again.pending())
+    again.close()
+
+
+def test_a_frame_file_named_otherwise_is_taken_in_after_the_others(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir()
+    beat = schema.Heartbeat(job_id="j", rank=0, time_s=1.0)
+    (directory / "abc123.vgl").write_bytes(codec.encode_batch([beat, beat], batch_id="abc123"))
+    (directory / "junk.vgl").write_bytes(b"not a frame")
+    s = spool.Spool(directory, max_bytes=1 << 20)
+    assert [(b.batch_id, b.num_records) for b in s.pending()] == [("abc123", 2)]
+    s.push("next", 1, FRAME)
+    assert [b.batch_id for b in s.pending()] == ["abc123", "next"]
+    assert (directory / "junk.vgl").exists()  # left for a person, never sent
+    s.close()
+
+
+def test_siblings_are_the_folders_a_busy_spool_falls_back_to(tmp_path: Path) -> None:
+    main = spool.Spool(tmp_path / "diag", max_bytes=1000)
+    fallback = spool.open_spool(tmp_path / "diag", max_bytes=1000)
+    (tmp_path / "diagnostics").mkdir()  # another sender's folder is not one of them
+    assert spool.siblings(tmp_path / "diag") == [tmp_path / "diag", fallback.directory]
+    main.close()
+    fallback.close()
