@@ -5,8 +5,8 @@ subprocess, measures a baseline of normal ingests (a 64-rank job posting one ste
 heartbeats per batch), then runs each attack one at a time, each followed by normal traffic.
 Per attack it prints: the statuses answered, peak and retained RSS of the collector over the
 baseline taken before the first attack (so both are cumulative: each attack's figure includes
-what the earlier ones left), the analyzer's queue 5 s later, and the median latency of normal ingests after the
-attack as a ratio to the baseline median (both measured in this run).
+what the earlier ones left), the analyzer's queue 5 s later, and the median latency of normal
+ingests after the attack as a ratio to the baseline median (both measured in this run).
 
 Attacks (issue #23): a step counter jumping to 2**52 and one in Unix seconds; 2**62 steps; a
 Finding with 1,000,000 evidence entries and one with 5,000,000 subject ranks; a 22 KB zstd
