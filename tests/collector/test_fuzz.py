@@ -1,7 +1,10 @@
 """Property and fuzz tests: no input makes the collector answer 5xx or crash.
 
-- hypothesis drives the ingest decoder with mutated frames and with every kind of valid record
-  (tests/strategies.py derives them from the wire schema), on SQLite and on PostgreSQL;
+- hypothesis drives the ingest decoder with mutated frames, with every kind of valid record
+  (tests/strategies.py derives them from the wire schema) and with step records holding one bad
+  field, on SQLite and on PostgreSQL. Both directions are asserted: records within the collector's
+  documented bounds are answered 200 and stored, one row each; a record with a bad field is
+  answered 4xx naming that field, and nothing of its batch is stored;
 - schemathesis generates requests for every operation of the OpenAPI spec.
 A 4xx must carry a `detail` message; an ingest 4xx names `Type.field: problem`.
 """
@@ -24,12 +27,13 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import func, select
 
 from tests.collector import records as rec
 from tests.strategies import any_record
 from tests.support import pgcluster
 from vigil import api, codec, schema
-from vigil.collector import CollectorSettings, create_app
+from vigil.collector import CollectorSettings, create_app, tables, validate
 
 pytestmark = pytest.mark.integration
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}
@@ -89,45 +93,166 @@ def test_mangled_frames_get_a_4xx_naming_the_problem(fuzz_client: TestClient, bo
     _assert_answered(status, answer)
 
 
+# The collector's documented bounds beyond the wire schema (the ingest route's docstring): ranks
+# below the job's world size (at most VIGIL_MAX_WORLD_SIZE, 131,072 by default), step numbers
+# below 2**53, no NUL characters (PostgreSQL text cannot hold them).
+MAX_WORLD = CollectorSettings.model_fields["max_world_size"].default
+# The table each record type is stored in, and the column that holds its owner.
+TABLE_OF = {
+    schema.Job: tables.jobs,
+    schema.RankInfo: tables.ranks,
+    schema.StepRecord: tables.step_records,
+    schema.CollectiveAggregate: tables.coll_aggs,
+    schema.CollectiveEvent: tables.coll_events,
+    schema.Heartbeat: tables.heartbeats,
+    schema.Sample: tables.samples,
+    schema.Finding: tables.findings,
+    schema.Action: tables.actions,
+    schema.Checkpoint: tables.checkpoints,
+    schema.DiagResult: tables.diag_results,
+}
+assert set(TABLE_OF) == set(schema.RECORD_TYPES)
+
+
+def _no_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "0")  # same length: a Name stays non-empty
+    if isinstance(value, list):
+        return [_no_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _no_nul(v) for k, v in value.items()}
+    return value
+
+
+def _within_bounds(record: schema.Record, owner: str) -> schema.Record:
+    """`record` moved inside the collector's bounds and made the only record of job (or node,
+    finding, action) `owner`, so no earlier example's world size or row can bear on it."""
+    fields: dict[str, Any] = _no_nul(msgspec.to_builtins(record))  # defaults left out
+    for key in ("job_id", "finding_id", "action_id"):
+        if key in type(record).__struct_fields__:
+            fields[key] = owner
+    if isinstance(record, schema.DiagResult):
+        fields["node"] = owner
+    if "world_size" in fields:
+        fields["world_size"] = min(fields["world_size"], MAX_WORLD)
+    if fields.get("rank", -1) >= 0:
+        fields["rank"] %= fields.get("world_size") or MAX_WORLD
+    if isinstance(record, schema.StepRecord):
+        fields["step"] = min(fields["step"], validate.MAX_STEP)
+    bounded: schema.Record = msgspec.convert(fields, schema.Record)
+    return bounded
+
+
+def _rows_owned(client: TestClient, record: schema.Record, owner: str) -> int:
+    table = TABLE_OF[type(record)]
+    column = table.c.node if isinstance(record, schema.DiagResult) else table.c.job_id
+    with client.app.state.collector.store.read() as conn:  # type: ignore[attr-defined]
+        query = select(func.count()).select_from(table).where(column == owner)
+        return int(conn.execute(query).scalar_one())
+
+
+@FUZZ
+@given(st.lists(any_record, min_size=1, max_size=8))
+def test_valid_records_within_the_bounds_are_accepted_and_stored(
+    fuzz_client: TestClient, records: list[schema.Record]
+) -> None:
+    batch_id = uuid.uuid4().hex  # fresh per example: hypothesis replays examples
+    owners = [f"{batch_id}-{i}" for i in range(len(records))]
+    records = [_within_bounds(r, owner) for r, owner in zip(records, owners, strict=True)]
+    status, answer = _post(fuzz_client, codec.encode_batch(records, batch_id=batch_id))
+    assert status == 200, answer
+    assert answer == {"batch_id": batch_id, "accepted": len(records), "duplicate": False}
+    stored = [_rows_owned(fuzz_client, r, owner) for r, owner in zip(records, owners, strict=True)]
+    assert stored == [1] * len(records), records
+
+
 @FUZZ
 @given(st.lists(any_record, min_size=1, max_size=8))
 def test_any_valid_record_is_stored_or_refused_with_a_reason(
     fuzz_client: TestClient, records: list[schema.Record]
 ) -> None:
-    batch_id = uuid.uuid4().hex  # fresh per example: hypothesis replays examples
+    """Records anywhere in the wire schema's range, past the collector's bounds included."""
+    batch_id = uuid.uuid4().hex
     status, answer = _post(fuzz_client, codec.encode_batch(records, batch_id=batch_id))
     _assert_answered(status, answer)
     if status == 200:
         assert answer == {"batch_id": batch_id, "accepted": len(records), "duplicate": False}
 
 
+MISSING = object()  # the field left out of the record
+_ANY_INT = st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry
+GOOD_STEP = {"job_id": "hand", "rank": 1, "step": 2, "start_s": 1.0, "end_s": 2.0, "loss": 0.5}
+_NOT_A_NUMBER = st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.binary(max_size=8))
+_BAD_INT = st.one_of(
+    _NOT_A_NUMBER,
+    st.floats(),
+    st.integers(-(2**63), -1),
+    st.integers(min_value=2**63, max_value=2**64 - 1),  # past int64, still msgpack
+)
+_BAD_FLOAT = st.one_of(
+    _NOT_A_NUMBER,
+    st.floats(max_value=-1e-300),
+    st.integers(-(2**63), -1),
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+)
+# For each field of a step record, values it cannot hold (wrong type or past a bound).
+BAD_VALUES: dict[str, st.SearchStrategy[object]] = {
+    "type": st.one_of(st.text(max_size=8).filter(lambda t: t not in schema.RECORD_TAGS), _ANY_INT),
+    "job_id": st.one_of(
+        st.none(),
+        st.booleans(),
+        _ANY_INT,
+        st.floats(),
+        st.binary(max_size=8),
+        st.just(""),
+        st.text(min_size=257, max_size=300),
+        st.text(max_size=8).map(lambda t: t + "\x00"),
+    ),
+    "rank": st.one_of(_BAD_INT, st.integers(MAX_WORLD, 2**64 - 1)),
+    "step": st.one_of(_BAD_INT, st.integers(validate.MAX_STEP + 1, 2**64 - 1)),
+    "tokens": _BAD_INT,
+    "start_s": _BAD_FLOAT,
+    "end_s": _BAD_FLOAT,
+    "mfu": _BAD_FLOAT,
+    "loss": st.one_of(st.booleans(), st.text(max_size=8), st.binary(max_size=8)),
+}
+REQUIRED = ("job_id", "rank", "step", "start_s", "end_s")
+
+
 @FUZZ
 @given(
-    st.dictionaries(
-        st.sampled_from(
-            ["job_id", "rank", "step", "start_s", "end_s", "loss", "mfu", "tokens", "type"]
-        ),
-        st.one_of(
-            st.none(),
-            st.booleans(),
-            st.integers(-(2**63), 2**64 - 1),  # what msgpack can carry
-            st.floats(),
-            st.text(max_size=8),
-            st.binary(max_size=8),
-        ),
+    st.one_of(
+        st.sampled_from(sorted(BAD_VALUES)).flatmap(lambda f: st.tuples(st.just(f), BAD_VALUES[f])),
+        st.tuples(st.sampled_from(REQUIRED), st.just(MISSING)),
     )
 )
-def test_hand_made_records_with_wrong_types_are_refused_by_field(
-    fuzz_client: TestClient, fields: dict[str, object]
+def test_hand_made_records_with_a_bad_field_are_refused_by_field(
+    fuzz_client: TestClient, bad: tuple[str, object]
 ) -> None:
-    record = {"type": "step", **fields}
-    frame = (
-        codec.MAGIC
-        + b"\x00"
-        + msgspec.msgpack.encode({"v": 1, "batch_id": "hand", "records": [record]})
-    )
+    field, value = bad
+    record: dict[str, object] = {"type": "step", **GOOD_STEP}
+    if value is MISSING:
+        del record[field]
+    else:
+        record[field] = value
+    batch_id = uuid.uuid4().hex
+    envelope = {"v": 1, "batch_id": batch_id, "records": [record]}
+    frame = codec.MAGIC + b"\x00" + msgspec.msgpack.encode(envelope)
     status, answer = _post(fuzz_client, frame)
+    assert 400 <= status < 500, (status, answer)
     _assert_answered(status, answer)
+    assert isinstance(answer, dict)
+    detail = str(answer["detail"])
+    owner = "Record(type=" if field == "type" else "StepRecord."
+    assert detail.startswith(owner) and re.search(rf"\b{field}\b", detail), detail
+    assert fuzz_client.app.state.collector.store.batch_seen(batch_id) is None  # type: ignore[attr-defined]
+
+
+def test_the_good_step_record_alone_is_accepted(fuzz_client: TestClient) -> None:
+    """The refusals above come from the one bad field, not from the rest of the record."""
+    envelope = {"v": 1, "batch_id": uuid.uuid4().hex, "records": [{"type": "step", **GOOD_STEP}]}
+    status, answer = _post(fuzz_client, codec.MAGIC + b"\x00" + msgspec.msgpack.encode(envelope))
+    assert status == 200 and answer["accepted"] == 1, answer  # type: ignore[index]
 
 
 # --- schemathesis over the OpenAPI spec ----------------------------------------------------------
