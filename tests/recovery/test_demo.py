@@ -14,6 +14,13 @@ from pathlib import Path
 
 import pytest
 
+# Seconds from each fault's onset to its finding. The README's run shows 4.1 / 2.4 / 0.3 (a quick
+# run here: 4.1 / 2.3 / 0.2); each bound leaves about 2x that and is broken by the regression it
+# guards: a straggler needs ~8 slow steps of evidence; a hang is due after the learned threshold
+# (its 2 s floor at these step times) plus a heartbeat; a crash is known from the rank's last
+# word at once (without it, only after 5 s of silent heartbeats).
+DETECTED_WITHIN_S = {"straggler": 8.0, "hang": 5.0, "crash": 2.0}
+
 
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
@@ -30,7 +37,8 @@ def test_quick_demo_finds_names_and_recovers_three_faults(tmp_path: Path) -> Non
     for fault, rank in (("straggler", 2), ("hang", 1), ("crash", 3)):
         row = rows[fault]
         assert row["culprit"] == f"rank {rank}", row
-        assert row["detected_after_s"] is not None and row["detected_after_s"] < 30, row
+        detected = row["detected_after_s"]
+        assert detected is not None and 0 <= detected <= DETECTED_WITHIN_S[fault], row
         assert row["steps_lost"] <= 1 and row["recover_s"] is not None, row
     assert "migrate" in rows["straggler"]["action"]
     assert rows["hang"]["action"].startswith("dump_stacks")
