@@ -3,7 +3,8 @@
 Run one process per rank (the test launches them):
     python dist_scenarios.py RANK WORLD PORT OUT_DIR PROGRESS_DIR
 Step ranges: DDP 0-2, FSDP2 10-12, tensor parallel (Megatron-style) 20-22, DTensor tensor
-parallel 40-42, async + p2p 30. The SDK writes JSONL
+parallel 40-42, async + p2p 30, a known delay 50 (rank LATE_RANK enters a world all-reduce
+LATE_S after the others, which are released together). The SDK writes JSONL
 under OUT_DIR and leaves each rank's progress page (with its ring buffer) under PROGRESS_DIR.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ import vigil.agent
 JOB = "scenarios"
 HIDDEN = 32
 BATCH = 8
+LATE_RANK, LATE_S = 3, 0.2
 
 
 def mlp() -> torch.nn.Module:
@@ -86,6 +89,13 @@ class TensorParallelMLP(torch.nn.Module):
         return _AllReduceForward.apply(self.down(torch.relu(self.up(x))), self.group)
 
 
+def store_barrier(store: Any, name: str, world: int) -> None:
+    """Every rank leaves when the last one arrives: it sets a key the others block on."""
+    if store.add(f"{name}:arrived", 1) == world:
+        store.set(f"{name}:go", "1")
+    store.wait([f"{name}:go"], datetime.timedelta(seconds=60))
+
+
 def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
@@ -133,6 +143,14 @@ def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
         dist.recv(inbox, left)
         send.wait()
         assert inbox[0].item() == left
+
+    # Released together through the store (no collective, so nothing the SDK records), then
+    # one rank enters the all-reduce LATE_S after the others: they wait LATE_S in it.
+    store_barrier(store, "late", world)
+    with vigil.agent.step(50):
+        if rank == LATE_RANK:
+            time.sleep(LATE_S)
+        dist.all_reduce(torch.ones(16))
     vigil.agent.shutdown()
     dist.barrier()
     dist.destroy_process_group()

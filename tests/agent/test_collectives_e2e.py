@@ -1,4 +1,5 @@
-"""One 4-rank gloo launch (DDP, FSDP2, two kinds of tensor parallel, async + p2p), checked.
+"""One 4-rank gloo launch (DDP, FSDP2, two kinds of tensor parallel, async + p2p, a peer entering
+an all-reduce a known time late), checked.
 
 The job runs `dist_scenarios.py` in real processes; assertions read what a user would read: the
 JSONL step records and collective aggregates, and the raw events in each rank's ring buffer.
@@ -20,6 +21,7 @@ WORLD = 4
 JOB = "scenarios"
 HIDDEN = 32
 PARAM_BYTES = (HIDDEN * HIDDEN + HIDDEN) * 2 * 4  # two fp32 Linear layers
+LATE_RANK, LATE_S = 3, 0.2  # as dist_scenarios.py injects them at step 50
 
 
 class Run:
@@ -131,7 +133,7 @@ def test_sequence_numbers_agree_across_ranks(run: Run) -> None:
         return [(e.seq, e.op, e.bytes) for e in run.events[rank] if e.group == "world"]
 
     reference = world_ops(0)
-    assert len(reference) == 3 + 3 * 6 + 1
+    assert len(reference) == 3 + 3 * 6 + 1 + 1  # DDP, FSDP2, async, the late all-reduce
     assert [seq for seq, _, _ in reference] == list(range(1, len(reference) + 1))
     assert all(world_ops(rank) == reference for rank in range(1, WORLD))
 
@@ -158,11 +160,32 @@ def test_aggregates_add_up_to_the_raw_events(run: Run) -> None:
 def test_step_records_have_phases_and_mfu(run: Run) -> None:
     for rank in range(WORLD):
         steps = run.steps(rank)
-        assert [s.step for s in steps] == [0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 30]
-        trained = [s for s in steps if s.step != 30]
+        assert [s.step for s in steps] == [0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 30, 50]
+        trained = [s for s in steps if s.step not in (30, 50)]
         assert all(s.forward_s > 0 and s.backward_s > 0 and s.optimizer_s > 0 for s in trained)
         assert all(s.loss is not None and s.loss > 0 for s in trained)
         assert all(0 < s.mfu < 1 and s.tokens == 8 for s in trained)
         assert all(s.end_s - s.start_s >= s.forward_s + s.backward_s for s in trained)
         # The p2p step blocks in recv and wait(): that is exposed communication time.
-        assert steps[-1].comm_wait_s > 0 and steps[-1].step == 30
+        p2p = next(s for s in steps if s.step == 30)
+        assert p2p.comm_wait_s > 0
+
+
+def test_a_peer_entering_late_shows_as_the_others_wait(run: Run) -> None:
+    """Released together, rank 3 enters a world all-reduce 0.2 s after the others: their
+    all-reduce lasts about 0.2 s, all of it exposed wait; the late rank's is short."""
+    for rank in range(WORLD):
+        ((agg,),) = [run.aggs(rank, range(50, 51))]
+        assert (agg.group, agg.op, agg.count, agg.bytes) == ("world", "all_reduce", 1, 16 * 4)
+        event = next(e for e in run.events[rank] if e.group == "world" and e.seq == agg.last_seq)
+        (step,) = [s for s in run.steps(rank) if s.step == 50]
+        timings = {
+            "aggregate": agg.total_device_s,
+            "event": event.end_s - event.start_s,
+            "comm_wait": step.comm_wait_s,
+        }
+        if rank == LATE_RANK:
+            assert all(t < LATE_S / 4 for t in timings.values()), timings
+            assert step.end_s - step.start_s >= LATE_S  # it slept in its step
+        else:
+            assert all(LATE_S - 0.05 <= t <= LATE_S + 0.15 for t in timings.values()), timings
