@@ -1,9 +1,15 @@
-"""CUDA timing of collectives, with stand-in events (this machine has no GPU).
+"""CUDA timing of collectives: the recorder's bookkeeping on CPU, the streams on a GPU.
 
 A CUDA future (NCCL's) completes, and runs its callbacks, as soon as its op is enqueued; only
-events on the streams it hands its callbacks order after the op's kernels. These tests check
-that every op on a CUDA tensor is timed by a launch event and an end event recorded where its
-completion is observed, on the op's own device, resolved without blocking at step boundaries.
+events on the streams it hands its callbacks order after the op's kernels. The recorder times
+every op on a CUDA tensor by a launch event on the issuing stream and an end event on the stream
+current where its completion is observed, on the op's own device, read without blocking.
+
+The CPU tests (`test_bookkeeping_*`) replace vigil's two event functions (`_cuda_event`,
+`_device_guard`) with stand-ins stamped by a settable device clock, on a CPU tensor that says it
+lives on CUDA device 3: they check what the recorder does with an event pair (durations, the step
+an op counts in, holding and releasing steps, blocked time, the device made current), and cannot
+see which stream an event goes on. The GPU test checks that with real events and NCCL.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import vigil.agent
 from vigil import codec, schema
@@ -36,7 +43,8 @@ class _CudaLike(torch.Tensor):
 
 
 class _Event:
-    """Stands in for torch.cuda.Event: stamped with the device clock when recorded."""
+    """Stands in for torch.cuda.Event: stamped with the settable device clock when recorded (on
+    no stream at all)."""
 
     def __init__(self, device_time: float, device: int) -> None:
         self.time = device_time
@@ -86,7 +94,7 @@ def _tensor() -> torch.Tensor:
     return torch.ones(256).as_subclass(_CudaLike)
 
 
-def test_async_op_is_timed_on_the_device_not_at_its_inline_callback(device: _Device) -> None:
+def test_bookkeeping_async_op_lasts_its_event_pair_not_its_inline_callback(device: _Device) -> None:
     cpu = [100.0]
     recorder = _recorder(cpu)
     pending = recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
@@ -102,7 +110,7 @@ def test_async_op_is_timed_on_the_device_not_at_its_inline_callback(device: _Dev
     assert device.guarded == [DEVICE]  # events are read with their own device current
 
 
-def test_an_op_still_on_the_device_at_its_step_end_counts_in_its_own_step(
+def test_bookkeeping_an_op_still_on_the_device_at_its_step_end_counts_in_its_own_step(
     device: _Device,
 ) -> None:
     cpu = [0.0]
@@ -126,7 +134,7 @@ def test_an_op_still_on_the_device_at_its_step_end_counts_in_its_own_step(
     assert recorder.swap()[0] == {}  # not counted again in step 8
 
 
-def test_release_can_be_forced_and_later_completions_count_in_the_current_step(
+def test_bookkeeping_release_can_be_forced_and_later_completions_count_in_the_current_step(
     device: _Device,
 ) -> None:
     recorder = _recorder([0.0])
@@ -145,7 +153,9 @@ def test_release_can_be_forced_and_later_completions_count_in_the_current_step(
     assert agg.total_s == pytest.approx(0.25)
 
 
-def test_sync_op_blocks_on_the_cpu_clock_and_lasts_on_the_device_clock(device: _Device) -> None:
+def test_bookkeeping_sync_op_blocks_on_the_cpu_clock_and_lasts_its_event_pair(
+    device: _Device,
+) -> None:
     cpu = [10.0]
     recorder = _recorder(cpu)
     pending = recorder.begin("broadcast", None, [_tensor(), _tensor()], None, blocking=True)
@@ -158,7 +168,7 @@ def test_sync_op_blocks_on_the_cpu_clock_and_lasts_on_the_device_clock(device: _
     assert blocked == pytest.approx(0.002)
 
 
-def test_session_holds_a_steps_records_until_its_device_collectives_end(
+def test_bookkeeping_session_holds_a_steps_records_until_its_device_collectives_end(
     device: _Device, tmp_path: Path
 ) -> None:
     """The flusher builds a step's records once its ops have ended on the device, so their
@@ -223,7 +233,7 @@ class _Bucket:
         return self._tensor
 
 
-def test_ddp_hook_on_a_future_that_completes_at_enqueue(
+def test_bookkeeping_ddp_hook_on_a_future_that_completes_at_enqueue(
     device: _Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cpu = [5.0]
@@ -252,36 +262,94 @@ def test_ddp_hook_on_a_future_that_completes_at_enqueue(
     assert len(device.events) == start_events + 2
 
 
-def test_size_reads_the_device_of_a_tensor_list() -> None:
+def test_bookkeeping_size_reads_the_device_of_a_tensor_list() -> None:
     assert collectives._size([torch.ones(2), _tensor()]) == (2 * 4 + 256 * 4, b"float32", DEVICE)
     assert collectives._size([torch.ones(2)])[2] == -1
     assert collectives._size(None) == (0, b"", -1)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_nccl_async_all_reduce_is_timed_with_real_events(tmp_path: Any) -> None:
-    """On a GPU machine: NCCL's future completes at enqueue; the op still gets a device time
-    from real events, resolved at the step boundary once the device is done."""
-    import torch.distributed as dist
+# --- real events on a GPU -------------------------------------------------------------------
 
+SPIN_S = 0.1  # a device-side delay far above launch gaps and the kernels of a 1-rank all-reduce
+MARGIN_S = 0.01  # the 1-rank all-reduces and stream hand-offs after the spin: microseconds
+
+
+def _cycles_for(seconds: float) -> int:
+    """How many cycles `torch.cuda._sleep` spins for about `seconds` on this device now."""
+    probe = 10_000_000
+    torch.cuda._sleep(1000)  # loads the kernel
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return int(probe * seconds / (start.elapsed_time(end) / 1000.0))
+
+
+def _elapsed_s(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    return start.elapsed_time(end) / 1000.0
+
+
+def _why_no_nccl_gpu() -> str:
+    if not torch.cuda.is_available():
+        return "needs a CUDA device (real events and streams)"
+    if not dist.is_nccl_available():
+        return "needs NCCL (its streams' ordering is what is tested)"
+    return ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(_why_no_nccl_gpu()), reason=_why_no_nccl_gpu())
+def test_nccl_collective_device_time_covers_a_spin_on_its_stream(tmp_path: Path) -> None:
+    """Asynchronous NCCL ops of one group run in order on the group's own stream, and that
+    stream first waits for the stream each op is issued from. A spin on a side stream, then op
+    1 issued from it, holds the NCCL stream for the spin; op 2, issued from the default stream
+    while the spin still runs, queues behind it there. So op 2's device time (its launch event
+    on the default stream, its end event on the stream its completion callback runs on) covers
+    the rest of the spin, and ends before later work on the default stream; op 1's launch event,
+    on the side stream after the spin, leaves the spin out. Events on the wrong stream (the end
+    recorded where the CPU is, or at a later wait; the launch on the default stream) break it."""
     created = not dist.is_initialized()
     if created:
         store = dist.FileStore(str(tmp_path / "store"), 1)
         dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     # A one-member NCCL group of this process, whatever group this process already has.
     group = dist.new_group([dist.get_rank()], backend="nccl", use_local_synchronization=True)
+    side = torch.cuda.Stream()
+    x1, x2 = torch.ones(1 << 20, device="cuda"), torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(x1, group=group)  # the communicator is set up before anything is timed
+    torch.cuda.synchronize()
+    cycles = _cycles_for(SPIN_S)
+    spin_start, spin_end, launch_before, launch_after = (
+        torch.cuda.Event(enable_timing=True) for _ in range(4)
+    )
     recorder = collectives.CollectiveRecorder(page=None, on_error=_raise)
     try:
         patching.install(recorder)
-        x = torch.ones(64 << 20, device="cuda")
-        dist.all_reduce(x, group=group, async_op=True).wait()
+        with torch.cuda.stream(side):
+            spin_start.record()
+            torch.cuda._sleep(cycles)
+            spin_end.record()
+            first = dist.all_reduce(x1, group=group, async_op=True)
+        launch_before.record()
+        second = dist.all_reduce(x2, group=group, async_op=True)
+        launch_after.record()
+        torch.cuda._sleep(cycles)  # later work on the issuing stream is not the collective's
+        first.wait()
+        second.wait()
         torch.cuda.synchronize()
         aggs, _, total = recorder.swap()
     finally:
         patching.uninstall()
         dist.destroy_process_group(None if created else group)
     ((site, agg),) = aggs.items()
-    assert (site.op, agg.count, agg.nbytes) == ("all_reduce", 1, x.nbytes)
-    assert total > 0.0
+    assert (site.op, agg.count, agg.nbytes) == ("all_reduce", 2, x1.nbytes + x2.nbytes)
     assert not recorder._cuda_pending
+    second_s, first_s = agg.last_s, agg.total_s - agg.last_s  # last: the higher sequence number
+    assert total == pytest.approx(first_s + second_s)
+    spin_s = _elapsed_s(spin_start, spin_end)
+    left_after_launch_s = _elapsed_s(launch_after, spin_end)
+    assert left_after_launch_s > 0.5 * spin_s, "the spin ended before op 2 was launched"
+    bound_s = _elapsed_s(launch_before, spin_end) + MARGIN_S
+    assert left_after_launch_s - 1e-4 <= second_s <= bound_s, (second_s, spin_s)
+    assert 0.0 <= first_s < 0.1 * spin_s, (first_s, spin_s)
