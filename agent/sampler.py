@@ -9,6 +9,7 @@ psutil are injected so tests can pass their own. No network, no files.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import time
@@ -89,6 +90,7 @@ class NvmlSampler:
         count = nvml.nvmlDeviceGetCount()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         self._uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._index_of = {_handle_key(h): i for i, h in enumerate(self._handles)}
         self._events = self._xid_events()
         self.xid_counts = [0] * count
 
@@ -132,10 +134,12 @@ class NvmlSampler:
                 data = nvml.nvmlEventSetWait_v2(self._events, 0)
             except Exception:  # NVML_ERROR_TIMEOUT: no event pending
                 return
-            for index, handle in enumerate(self._handles):
-                if data.device == handle:
-                    self.xid_counts[index] += 1
-                    log.warning("XID %s on GPU %s", data.eventData, self._uuids[index])
+            index = self._index_of.get(_handle_key(data.device))
+            if index is None:
+                log.warning("XID %s on a GPU this agent does not sample", data.eventData)
+                continue
+            self.xid_counts[index] += 1
+            log.warning("XID %s on GPU %s", data.eventData, self._uuids[index])
 
     def _device(self, handle: Any, uuid: str, index: int) -> list[Reading]:
         nvml = self._nvml
@@ -229,6 +233,15 @@ class NvmlSampler:
             self._nvml.nvmlShutdown()
         except Exception as exc:
             log.debug("nvmlShutdown: %s", exc)
+
+
+def _handle_key(handle: Any) -> object:
+    """A device handle by value. nvidia-ml-py's handles are ctypes pointers, which compare by
+    object identity, and each read of an event's `device` field is a fresh pointer object: the
+    address it holds names the device. Other handles (stand-ins) are their own key."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 def _text(value: Any) -> str:
