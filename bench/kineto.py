@@ -7,11 +7,18 @@ communication-computation overlap:
     `comm_comp_overlap_pct`,
   - HTA: `Trace.load_traces(use_multiprocessing=False)` + `get_temporal_breakdown` /
     `get_comm_comp_overlap` (HTA's own pipeline, single process, so both use one core).
-Each measurement runs in a fresh subprocess: wall time (best of --rounds, no tracing) and peak
-traced memory (tracemalloc: Python objects, numpy/pandas buffers, decompressed bytes; imports
-excluded). Needs `pip install -c constraints.txt -e '.[bench]'` (holistictraceanalysis). The last
-line is one JSON object: {"speedup_vs_hta", "memory_ratio_vs_hta", "max_breakdown_error_pp"}
-with the worst dataset's speedup and memory ratio and the largest difference in any percentage.
+Each measurement runs in a fresh subprocess, and both tools are treated alike: every module the
+tool's run imports (vigil's analyzer; HTA's trace, breakdown and communication analyzers with
+pandas, plotly and the rest) is imported first, timed on its own and printed as the tool's
+import cost, outside the timed and memory-traced region. Then wall time (median of --rounds
+processes, min-max beside it, no tracing) and peak traced memory (tracemalloc: Python objects,
+numpy/pandas buffers, decompressed bytes). Needs `pip install -c constraints.txt -e '.[bench]'`
+(holistictraceanalysis). The last line is one JSON object: {"speedup_vs_hta",
+"memory_ratio_vs_hta", "max_breakdown_error_pp"} with the worst dataset's speedup (of the median
+times) and memory ratio and the largest difference in any percentage, and beside them
+{"vigil_import_s", "hta_import_s"} (median import cost of a fresh process) and
+{"speedup_spread_vs_hta"} (the worst dataset's speedup from the slowest vigil and fastest HTA
+round, and from the fastest vigil and slowest HTA round).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import argparse
 import json
 import logging
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +52,16 @@ def shared_kineto() -> Path:
         if (base / "shared" / "testdata" / "kineto").is_dir():
             return base / "shared" / "testdata" / "kineto"
     raise SystemExit("shared/testdata/kineto not found beside or above the repository")
+
+
+def import_vigil() -> None:
+    from vigil.analyzer import kineto, kineto_analysis  # noqa: F401
+
+
+def import_hta() -> None:
+    from hta.analyzers.breakdown_analysis import BreakdownAnalysis  # noqa: F401
+    from hta.analyzers.communication_analysis import CommunicationAnalysis  # noqa: F401
+    from hta.common.trace import Trace  # noqa: F401
 
 
 def run_vigil(folder: Path) -> dict[int, dict[str, float]]:
@@ -86,21 +104,22 @@ def run_hta(folder: Path) -> dict[int, dict[str, float]]:
 
 
 def worker(tool: str, mode: str, folder: Path) -> dict[str, Any]:
+    """One measurement in this (fresh) process: the tool's imports first, timed apart and
+    outside the measured region, then the run itself (timed, or memory-traced)."""
     logging.disable(logging.CRITICAL)
-    run = run_vigil if tool == "vigil" else run_hta
-    if tool == "hta":
-        import hta.common.trace  # noqa: F401  (imports are not part of the measurement)
-    else:
-        import vigil.analyzer.kineto_analysis  # noqa: F401
+    run, load = (run_vigil, import_vigil) if tool == "vigil" else (run_hta, import_hta)
+    start = time.perf_counter()
+    load()
+    import_s = time.perf_counter() - start
     if mode == "memory":
         tracemalloc.start()
         figures = run(folder)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        return {"peak_bytes": peak, "figures": figures}
+        return {"peak_bytes": peak, "figures": figures, "import_s": import_s}
     start = time.perf_counter()
     figures = run(folder)
-    return {"seconds": time.perf_counter() - start, "figures": figures}
+    return {"seconds": time.perf_counter() - start, "figures": figures, "import_s": import_s}
 
 
 def measure(tool: str, mode: str, folder: Path) -> dict[str, Any]:
@@ -129,9 +148,10 @@ def main() -> None:
         print(json.dumps(worker(tool, mode, Path(folder))))
         return
     source = shared_kineto()
-    speedups, memory_ratios, errors = [], [], []
+    speedups, spreads, memory_ratios, errors = [], [], [], []
+    imports: dict[str, list[float]] = {"vigil": [], "hta": []}
     print(
-        f"{'dataset':<28} {'vigil s':>8} {'HTA s':>8} {'speedup':>8} "
+        f"{'dataset':<28} {'vigil s (min-max)':>20} {'HTA s (min-max)':>20} {'speedup':>8} "
         f"{'vigil MiB':>10} {'HTA MiB':>9} {'mem ratio':>9}"
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,16 +160,21 @@ def main() -> None:
             folder.mkdir()
             for f in files:
                 shutil.copy(source / f, folder / f)
-            t = {
-                tool: min(measure(tool, "time", folder)["seconds"] for _ in range(args.rounds))
-                for tool in ("vigil", "hta")
-            }
+            t: dict[str, list[float]] = {"vigil": [], "hta": []}
+            for _ in range(args.rounds):  # alternating, so both meet the same load
+                for tool in ("vigil", "hta"):
+                    result = measure(tool, "time", folder)
+                    t[tool].append(result["seconds"])
+                    imports[tool].append(result["import_s"])
+            med = {tool: statistics.median(v) for tool, v in t.items()}
             m = {tool: measure(tool, "memory", folder) for tool in ("vigil", "hta")}
-            speedups.append(t["hta"] / t["vigil"])
+            speedups.append(med["hta"] / med["vigil"])
+            spreads.append((min(t["hta"]) / max(t["vigil"]), max(t["hta"]) / min(t["vigil"])))
             memory_ratios.append(m["vigil"]["peak_bytes"] / m["hta"]["peak_bytes"])
             mib = {k: v["peak_bytes"] / 2**20 for k, v in m.items()}
+            cells = {tool: f"{med[tool]:.3f} ({min(v):.3f}-{max(v):.3f})" for tool, v in t.items()}
             print(
-                f"{name:<28} {t['vigil']:8.3f} {t['hta']:8.3f} {speedups[-1]:7.1f}x "
+                f"{name:<28} {cells['vigil']:>20} {cells['hta']:>20} {speedups[-1]:7.1f}x "
                 f"{mib['vigil']:10.1f} {mib['hta']:9.1f} {memory_ratios[-1]:9.3f}"
             )
             ours, theirs = m["vigil"]["figures"], m["hta"]["figures"]
@@ -161,17 +186,30 @@ def main() -> None:
                     f"{k} {ours[rank][k]:6.2f}/{theirs[rank][k]:6.2f}" for k in theirs[rank]
                 )
                 print(f"    rank {rank}: vigil/HTA %  {line}")
+    import_s = {tool: statistics.median(v) for tool, v in imports.items()}
     print(
-        f"worst dataset: {min(speedups):.1f}x faster, "
+        "imports (fresh process, median; outside both tools' timed and traced regions): "
+        + ", ".join(
+            f"{tool} {import_s[tool]:.3f} s ({min(v):.3f}-{max(v):.3f})"
+            for tool, v in imports.items()
+        )
+    )
+    worst = min(range(len(speedups)), key=speedups.__getitem__)
+    print(
+        f"worst dataset: {speedups[worst]:.1f}x faster (median of {args.rounds} rounds; "
+        f"{spreads[worst][0]:.1f}x-{spreads[worst][1]:.1f}x over rounds), "
         f"{max(memory_ratios):.3f} of HTA's peak memory; "
         f"largest figure difference {max(errors):.4f} percentage points"
     )
     print(
         json.dumps(
             {
-                "speedup_vs_hta": round(min(speedups), 2),
+                "speedup_vs_hta": round(speedups[worst], 2),
                 "memory_ratio_vs_hta": round(max(memory_ratios), 4),
                 "max_breakdown_error_pp": round(max(errors), 4),
+                "speedup_spread_vs_hta": [round(x, 2) for x in spreads[worst]],
+                "vigil_import_s": round(import_s["vigil"], 3),
+                "hta_import_s": round(import_s["hta"], 3),
             }
         )
     )

@@ -1,17 +1,29 @@
 """Recovery from a crash and from a hang: vigil's controller beside `torchrun --max-restarts`.
 
-The same job runs four ways in one go — the bundled trainer (tiny recipe, 2 data-parallel gloo
-ranks on 2 simulated nodes, SDK shipping to a local collector, a persistent checkpoint every 5
-steps):
-  1. under `vigil run`'s controller with a crash injected at step K (rank 1);
-  2. the same with a hang injected at step K (rank 1 stops before its collectives);
-  3. under `torchrun --max-restarts 1` with the same crash (its restart resumes from the periodic
-     checkpoint; vigil's from the per-step in-memory snapshot);
-  4. a bare start of the job resuming from its newest checkpoint (process start + state load +
+The same job (the bundled trainer, tiny recipe, 2 data-parallel gloo ranks on 2 simulated nodes,
+SDK shipping to a local collector, a persistent checkpoint every 5 steps) runs:
+  1. under `vigil run`'s controller with a crash injected at step K (rank 1), for every K of one
+     checkpoint interval (`--crash-steps`, default 6..10: just after a checkpoint to just before
+     the next), since what a restart from a checkpoint loses depends on where in the interval
+     the fault falls;
+  2. the same with a hang injected at step 8 (rank 1 stops before its collectives);
+  3. under `torchrun --max-restarts 1` with the same crashes (its restart resumes from the
+     periodic checkpoint; vigil's from the per-step in-memory snapshot);
+  4. under torchrun with the same hang. torchrun's elastic agent does not detect hangs: a user
+     relies on the collective timeout, here gloo's process-group timeout (`--timeout`,
+     `--torchrun-timeout` s, 60 by default: the same one vigil's runs are given; torch's own
+     default is 1,800 s for gloo, 600 s for NCCL, where TORCH_NCCL_ASYNC_ERROR_HANDLING turns
+     the timeout into the same crash), which makes the waiting rank raise, exit, and torchrun
+     restart the group;
+  5. a bare start of the job resuming from its newest checkpoint (process start + state load +
      one step), the yardstick for restart time.
-Detection time is from the fault's onset (the end of step K-1) to the finding; restart time from
-the controller's decision to the first completed step; steps lost = completed steps redone.
-The last line is one JSON object with the issue's keys.
+Detection time is from the fault's onset (the end of step K-1) to the finding (torchrun: to the
+first line of output saying a rank failed, stamped as it arrives); restart time from the
+controller's decision to the first completed step; recovery from the onset to the first step
+completed after the restart; steps lost = completed steps redone. The last line is one JSON
+object: the keys before #21 keep their meaning (vigil's and torchrun's figures for the crash at
+step 8, vigil's hang) and beside them the sweep's mean and worst steps lost for each, and
+torchrun's hang figures.
 """
 
 from __future__ import annotations
@@ -19,10 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +48,11 @@ from vigil.recovery.policy import RESTARTING
 from vigil.schema import FindingKind
 
 FAULT_STEP, STEPS, CKPT_EVERY = 8, 14, 5
+CRASH_STEPS = tuple(range(CKPT_EVERY + 1, 2 * CKPT_EVERY + 1))  # one checkpoint interval
+# A rank's output saying it failed: the gloo timeout, a traceback, or torchrun's own verdict.
+FAILED_LINE = re.compile(
+    r"[Tt]imed out|Traceback|failed \(exitcode|Worker group (FAILED|UNHEALTHY)"
+)
 
 
 def job_spec(job: str, url: str, workdir: Path, faults: str, steps: int = STEPS) -> demo.TrainJob:
@@ -42,20 +62,28 @@ def job_spec(job: str, url: str, workdir: Path, faults: str, steps: int = STEPS)
     )  # fmt: skip
 
 
-def onset(steps: list[dict[str, Any]], attempt: int = 0) -> float:
-    return min(s["end_s"] for s in steps if s["attempt"] == attempt and s["step"] == FAULT_STEP - 1)
+def fault_spec(kind: str, step: int) -> str:
+    return f"{kind}:rank=1,step={step}" + (",where=before" if kind == "hang" else "")
+
+
+def onset(steps: list[dict[str, Any]], fault_step: int, attempt: int = 0) -> float:
+    return min(s["end_s"] for s in steps if s["attempt"] == attempt and s["step"] == fault_step - 1)
 
 
 def first_of(steps: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
     return min((s for s in steps if s["attempt"] == attempt), key=lambda s: s["end_s"])
 
 
-def vigil_case(kind: str, url: str, root: Path) -> dict[str, float]:
-    workdir = root / f"vigil-{kind}"
+def lost(fault_step: int, first: dict[str, Any]) -> int:
+    """Completed steps redone: those before the fault that the restart ran again."""
+    return max(0, (fault_step - 1) - (first["step"] - 1))
+
+
+def vigil_case(kind: str, url: str, root: Path, step: int = FAULT_STEP) -> dict[str, float]:
+    workdir = root / f"vigil-{kind}-{step}"
     workdir.mkdir()
-    job = f"bench-{kind}-{int(time.time())}"
-    where = ",where=before" if kind == "hang" else ""
-    code = demo.supervise(job_spec(job, url, workdir, f"{kind}:rank=1,step={FAULT_STEP}{where}"))
+    job = f"bench-{kind}-{step}-{int(time.time())}"
+    code = demo.supervise(job_spec(job, url, workdir, fault_spec(kind, step)))
     if code != 0:
         raise RuntimeError(f"vigil {kind} run failed (exit {code}); see {workdir}")
     time.sleep(1.0)
@@ -63,15 +91,25 @@ def vigil_case(kind: str, url: str, root: Path) -> dict[str, float]:
     actions = journal.Journal(workdir / "controller").actions()
     restart = min((a for a in actions if a.kind in RESTARTING), key=lambda a: a.start_s)
     wanted = FindingKind.CRASH if kind == "crash" else FindingKind.HANG
-    found = collector_link.CollectorFindings(url=url, job_id=job).fetch()
-    finding = next(f for f in found if f.finding_id == restart.finding_id and f.kind is wanted)
-    began = onset(steps)
+    found = [
+        f for f in collector_link.CollectorFindings(url=url, job_id=job).fetch() if f.kind is wanted
+    ]
+    finding = next((f for f in found if f.finding_id == restart.finding_id), None)
+    if finding is None:
+        # Seen with the sweep: the analyzer's ids (`crash-a0-r1`) repeat across jobs and the
+        # store keys findings by id alone, so a second job's finding is not kept under it.
+        print(
+            f"  warning: job {job}: the collector holds no finding {restart.finding_id} (the "
+            f"controller restarted on it); detection from the job's earliest {wanted} finding"
+        )
+        finding = min(found, key=lambda f: f.detected_s)
+    began = onset(steps, step)
     first = first_of(steps, 1)
     return {
         "detect_s": finding.detected_s - began,
         "restart_s": first["end_s"] - restart.start_s,
         "recover_s": first["end_s"] - began,
-        "steps_lost": max(0, (FAULT_STEP - 1) - (first["step"] - 1)),
+        "steps_lost": lost(step, first),
         "culprit_ok": float(finding.subjects.ranks == [1]),
     }
 
@@ -91,48 +129,140 @@ def bare_case(url: str, root: Path, source: Path) -> float:
     return first_of(read_steps(workdir / "steps.jsonl"), 0)["end_s"] - started.attempt_started_s
 
 
-def torchrun_case(url: str, root: Path) -> dict[str, float]:
-    workdir = root / "torchrun"
+def run_stamped(
+    argv: list[str], env: dict[str, str], timeout_s: float
+) -> tuple[int, list[tuple[float, str]]]:
+    """Run `argv`; its exit code and every line of its output with the time it arrived."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.time(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    reader.join(timeout=10)
+    return code, lines
+
+
+def torchrun_case(kind: str, url: str, root: Path, step: int, timeout_s: float) -> dict[str, float]:
+    workdir = root / f"torchrun-{kind}-{step}"
     workdir.mkdir()
-    spec = job_spec(f"bench-torchrun-{int(time.time())}", url, workdir,
-                    f"crash:rank=1,step={FAULT_STEP}")  # fmt: skip
+    spec = job_spec(f"bench-torchrun-{kind}-{step}-{int(time.time())}", url, workdir,
+                    fault_spec(kind, step))  # fmt: skip
     argv = spec.command()
     train_args = argv[argv.index("train") + 1 :]
+    train_args[train_args.index("--timeout") + 1] = f"{timeout_s:g}"  # gloo's process-group timeout
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    done = subprocess.run(
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    code, lines = run_stamped(
         [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
          "--monitor-interval", "0.2", "-m", "vigil.trainer", *train_args],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")},
+        {**env, "PYTHONUNBUFFERED": "1"}, timeout_s=600 + timeout_s,
     )  # fmt: skip
-    (workdir / "torchrun.log").write_text(done.stdout + done.stderr)
+    (workdir / "torchrun.log").write_text("".join(f"{t:.3f} {line}" for t, line in lines))
     steps = read_steps(workdir / "steps.jsonl")
     after = [s for s in steps if s["attempt"] == 1]
-    if done.returncode != 0 or not after:
-        return {"recover_s": float("nan"), "steps_lost": float("nan")}
-    first = first_of(steps, 1)
+    if code != 0 or not after:
+        nan = float("nan")
+        return {"detect_s": nan, "recover_s": nan, "steps_lost": nan}
+    began, first = onset(steps, step), first_of(steps, 1)
+    failed = next((t for t, line in lines if t >= began and FAILED_LINE.search(line)), None)
     return {
-        "recover_s": first["end_s"] - onset(steps),
-        "steps_lost": max(0, (FAULT_STEP - 1) - (first["step"] - 1)),
+        "detect_s": float("nan") if failed is None else failed - began,
+        "recover_s": first["end_s"] - began,
+        "steps_lost": lost(step, first),
     }
+
+
+def sweep_row(rows: dict[int, dict[str, float]]) -> dict[str, float]:
+    """Mean and worst of a crash sweep's steps lost and recovery times."""
+    lost_ = [r["steps_lost"] for r in rows.values()]
+    recover = [r["recover_s"] for r in rows.values()]
+    return {
+        "steps_lost_mean": statistics.fmean(lost_),
+        "steps_lost_max": max(lost_),
+        "recover_s_mean": statistics.fmean(recover),
+        "recover_s_max": max(recover),
+    }
+
+
+def _cells(row: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.2f}" for k, v in row.items())
+
+
+def report(args: argparse.Namespace, bare: float, runs: dict[str, Any]) -> None:
+    print(
+        f"job: tiny trainer, 2 dp ranks (gloo), checkpoint every {CKPT_EVERY} steps; "
+        f"bare start+load+1 step: {bare:.2f} s"
+    )
+    print(f"crash (rank 1) at each step of {args.crash_steps}: steps lost / recovery per step")
+    for who in ("vigil", "torchrun"):
+        cells = "  ".join(
+            f"{k}:{r['steps_lost']:.0f}/{r['recover_s']:.1f}s" for k, r in sorted(runs[who].items())
+        )
+        s = sweep_row(runs[who])
+        print(
+            f"  {who:9s} {cells} | steps lost mean {s['steps_lost_mean']:.2f} worst "
+            f"{s['steps_lost_max']:.0f}; recovery mean {s['recover_s_mean']:.1f} s "
+            f"worst {s['recover_s_max']:.1f} s"
+        )
+    print(f"crash at step {FAULT_STEP}, vigil: {_cells(runs['vigil'][FAULT_STEP])}")
+    print(f"hang at step {FAULT_STEP} (rank 1 stops before its collectives):")
+    print(f"  vigil     found by the collector's hang check: {_cells(runs['vigil_hang'])}")
+    hang = runs["torchrun_hang"]
+    print(
+        "  torchrun  no hang detection of its own; gloo's process-group timeout "
+        f"({args.torchrun_timeout:g} s; torch's default 1,800 s) fails the waiting rank: "
+        f"{_cells(hang)}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", type=Path, help="keep every run's files here")
+    parser.add_argument(
+        "--crash-steps",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=CRASH_STEPS,
+        help=f"crash steps to sweep (comma-separated; default one checkpoint interval, "
+        f"{','.join(map(str, CRASH_STEPS))}); must include {FAULT_STEP}",
+    )
+    parser.add_argument(
+        "--torchrun-timeout",
+        type=float,
+        default=60.0,
+        help="the gloo process-group timeout (s) of torchrun's hang case",
+    )
     args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="vigil-bench-recovery-"))
+    if FAULT_STEP not in args.crash_steps or not all(1 < k < STEPS for k in args.crash_steps):
+        parser.error(f"--crash-steps must lie in 2..{STEPS - 1} and include {FAULT_STEP}")
+    root = (args.keep or Path(tempfile.mkdtemp(prefix="vigil-bench-recovery-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    os.chdir(root)  # what the agent and the ranks write to ./ (hung ranks' stacks) stays here
+    runs: dict[str, Any] = {"vigil": {}, "torchrun": {}}
     with demo.platform(root) as url:
-        crash = vigil_case("crash", url, root)
-        hang = vigil_case("hang", url, root)
-        bare = bare_case(url, root, root / "vigil-crash")
-        torchrun = torchrun_case(url, root)
-    rows = [("vigil crash", crash), ("vigil hang", hang), ("torchrun crash", torchrun)]
-    print(f"job: tiny trainer, 2 dp ranks (gloo), fault at step {FAULT_STEP}, "
-          f"checkpoint every {CKPT_EVERY} steps; bare start+load+1 step: {bare:.2f} s")  # fmt: skip
-    for name, row in rows:
-        print(f"{name:15s} " + "  ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        # Step 8 first: its job's finding ids are the first of their kind in this collector.
+        for k in sorted(args.crash_steps, key=lambda k: k != FAULT_STEP):
+            runs["vigil"][k] = vigil_case("crash", url, root, k)
+        runs["vigil_hang"] = vigil_case("hang", url, root)
+        bare = bare_case(url, root, root / f"vigil-crash-{FAULT_STEP}")
+        for k in args.crash_steps:
+            runs["torchrun"][k] = torchrun_case("crash", url, root, k, 60.0)
+        runs["torchrun_hang"] = torchrun_case("hang", url, root, FAULT_STEP, args.torchrun_timeout)
+    report(args, bare, runs)
+    crash, hang = runs["vigil"][FAULT_STEP], runs["vigil_hang"]
+    torchrun, torchrun_hang = runs["torchrun"][FAULT_STEP], runs["torchrun_hang"]
+    ours, theirs = sweep_row(runs["vigil"]), sweep_row(runs["torchrun"])
     print(json.dumps({
         "crash_steps_lost": crash["steps_lost"],
         "hang_steps_lost": hang["steps_lost"],
@@ -143,6 +273,18 @@ def main() -> None:
         "torchrun_crash_steps_lost": torchrun["steps_lost"],
         "torchrun_crash_recover_s": round(torchrun["recover_s"], 2),
         "vigil_crash_recover_s": round(crash["recover_s"], 2),
+        "crash_steps_swept": list(args.crash_steps),
+        "vigil_crash_steps_lost_mean": round(ours["steps_lost_mean"], 2),
+        "vigil_crash_steps_lost_max": ours["steps_lost_max"],
+        "torchrun_crash_steps_lost_mean": round(theirs["steps_lost_mean"], 2),
+        "torchrun_crash_steps_lost_max": theirs["steps_lost_max"],
+        "vigil_crash_recover_s_mean": round(ours["recover_s_mean"], 2),
+        "torchrun_crash_recover_s_mean": round(theirs["recover_s_mean"], 2),
+        "vigil_hang_recover_s": round(hang["recover_s"], 2),
+        "torchrun_hang_timeout_s": args.torchrun_timeout,
+        "torchrun_hang_detect_s": round(torchrun_hang["detect_s"], 2),
+        "torchrun_hang_recover_s": round(torchrun_hang["recover_s"], 2),
+        "torchrun_hang_steps_lost": torchrun_hang["steps_lost"],
     }))  # fmt: skip
 
 

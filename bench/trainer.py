@@ -7,8 +7,14 @@ peak (cores x one core's best; each rank runs one thread, and 4-rank layouts sha
 On a CUDA host it also trains the ~1B recipe on one GPU in bf16 and reports MFU against the
 datasheet peak (`vigil.trainer.runtime.GPU_PEAK_BF16`).
 
-Last line: one JSON object with `<layout>_tokens_per_s` and `<layout>_mfu` for each layout run.
-Usage: python bench/trainer.py [--steps 8] [--layouts single,ddp,...] [--gpu-steps 30]
+Layouts run in `--rounds` interleaved rounds (ABC ABC, so load changes hit every layout
+alike); each layout's figure is the median over rounds, printed with its spread (min-max).
+
+Last line: one JSON object with `<layout>_tokens_per_s` and `<layout>_mfu` (medians) and
+`<layout>_tokens_per_s_spread` ([min, max]) for each layout run, `rounds`, and on a CUDA host
+`gpu_1b_tokens_per_s` and `gpu_1b_mfu`.
+Usage: python bench/trainer.py [--steps 8] [--layouts single,ddp,...] [--rounds 3]
+       [--gpu-steps 30] [--gpu-only]   (--gpu-only: the ~1B recipe alone, bench/gpu/run.sh)
 """
 
 from __future__ import annotations
@@ -97,25 +103,23 @@ def gpu_1b(steps: int) -> dict[str, float]:
     return {"gpu_1b_tokens_per_s": round(tokens_per_s, 1), "gpu_1b_mfu": round(mfu, 4)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    parser.add_argument("--gpu-steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; best kept")
-    args = parser.parse_args()
-    os.environ.setdefault("VIGIL_LOG_LEVEL", "WARNING")  # the ranks' per-step lines
-    names = args.layouts.split(",")
-    fpt = flops_per_token()
-    peak, best = 0.0, dict.fromkeys(names, 0.0)
+def cpu_layouts(names: list[str], steps: int, rounds: int) -> tuple[float, dict[str, list[float]]]:
+    """The host's GEMM peak and each layout's tokens/s in each round."""
+    peak, rates = 0.0, {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
-        for round_index in range(args.rounds):  # ABC ABC: load changes hit every layout alike
+        for round_index in range(rounds):  # ABC ABC: load changes hit every layout alike
             peak = max(peak, cpu_gemm_peak())
             for name in names:
                 nproc, extra = LAYOUTS[name]
                 out = Path(tmp) / f"round-{round_index}"
                 out.mkdir(exist_ok=True)
-                best[name] = max(best[name], run_layout(name, nproc, extra, args.steps, out))
+                rates[name].append(run_layout(name, nproc, extra, steps, out))
+    return peak, rates
+
+
+def report_cpu(names: list[str], args: argparse.Namespace) -> dict[str, object]:
+    fpt = flops_per_token()
+    peak, rates = cpu_layouts(names, args.steps, args.rounds)
     cores = os.cpu_count() or 1
     print(
         f"CPU fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s ({cores} cores x best 1-thread "
@@ -123,27 +127,46 @@ def main() -> None:
     )
     print(
         f"model: dim 256, 4 layers, 8 heads, seq 128, batch 8; {fpt / 1e6:.1f} MFLOP/token; "
-        f"best of {args.rounds} interleaved rounds of {args.steps} steps"
+        f"median of {args.rounds} interleaved rounds of {args.steps} steps (min-max beside)"
     )
-    result: dict[str, float] = {}
-    rows = []
+    result: dict[str, object] = {}
+    base = statistics.median(rates[names[0]])
+    print(
+        f"{'layout':<8} {'ranks':>5} {'tokens/s':>10} {'min-max':>15} "
+        f"{'vs ' + names[0]:>10} {'MFU':>7}"
+    )
     for name in names:
-        tokens_per_s = best[name]
+        tokens_per_s = statistics.median(rates[name])
+        low, high = min(rates[name]), max(rates[name])
         mfu = tokens_per_s * fpt / peak
-        rows.append((name, LAYOUTS[name][0], tokens_per_s, mfu))
         result[f"{name}_tokens_per_s"] = round(tokens_per_s, 1)
         result[f"{name}_mfu"] = round(mfu, 4)
-    base = rows[0][2]
-    print(f"{'layout':<8} {'ranks':>5} {'tokens/s':>10} {'vs ' + rows[0][0]:>10} {'MFU':>7}")
-    for name, nproc, tokens_per_s, mfu in rows:
+        result[f"{name}_tokens_per_s_spread"] = [round(low, 1), round(high, 1)]
         print(
-            f"{name:<8} {nproc:>5} {tokens_per_s:>10,.0f} {tokens_per_s / base:>9.2f}x {mfu:>7.1%}"
+            f"{name:<8} {LAYOUTS[name][0]:>5} {tokens_per_s:>10,.0f} "
+            f"{f'{low:,.0f}-{high:,.0f}':>15} {tokens_per_s / base:>9.2f}x {mfu:>7.1%}"
         )
+    result["rounds"] = args.rounds
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--gpu-steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; median kept")
+    parser.add_argument("--gpu-only", action="store_true", help="only the ~1B recipe on cuda:0")
+    args = parser.parse_args()
+    os.environ.setdefault("VIGIL_LOG_LEVEL", "WARNING")  # the ranks' per-step lines
+    result = {} if args.gpu_only else report_cpu(args.layouts.split(","), args)
     if torch.cuda.is_available():
         result.update(gpu_1b(args.gpu_steps))
     else:
         print("no CUDA device: the GPU ~1B recipe (bf16, one H200, >= 35% MFU expected) not run")
     print(json.dumps(result))
+    if args.gpu_only and not torch.cuda.is_available():
+        raise SystemExit(1)  # asked for the GPU figure alone, and it could not be measured
 
 
 if __name__ == "__main__":
