@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
-# GPU figures of vigil's diagnostic kernels, for a CUDA machine (made for one H200, <= 8 minutes).
+# GPU checks and figures of vigil's GPU code, for a CUDA machine (made for one H200, <= 8 minutes).
 #
 # Self-contained: needs only a Python with a CUDA build of torch, Triton and vigil's runtime
-# dependencies (msgspec, zstandard, pydantic-settings, rich, httpx, nvidia-ml-py, pytest), and nvcc
-# plus ninja for the memory test (torch.utils.cpp_extension builds it). It lays vigil out as a wheel would (vigil/ with kernels/ inside) in a temp
-# dir, so no install is needed, then:
-#   1. runs the `gpu`-marked tests (compiled Triton kernels, bf16/fp8 GEMM, the CUDA memory test
-#      built with torch.utils.cpp_extension, NVML, the quick suite) and counts passes/failures;
-#   2. runs bench/diag_bench.py on cuda:0: GEMM 8192^3 bf16+fp8 (Triton vs cuBLAS), STREAM 2 GiB arrays
-#      (Triton vs torch), SDC, a 10 s burn, the memory test over ~92 % of free memory.
-# The last line of output is one JSON object: {"gemm_ratio_to_torch", "copy_ratio_to_torch",
-# "memtest_coverage", "memtest_tb_per_s", "gpu_tests_passed", "gpu_tests_failed"}.
+# dependencies (numpy, msgspec, zstandard, pydantic-settings, rich, httpx, psutil, nvidia-ml-py,
+# pytest), and nvcc plus ninja for the memory test (torch.utils.cpp_extension builds it). It lays
+# vigil out as a wheel would (vigil/ with agent/, kernels/, recovery/ and trainer/ inside) in a
+# temp dir, so no install is needed, then, each stage under a time cap and the whole script under
+# one deadline (a stage that would run past it is cut short, or skipped and named):
+#   1. the `gpu`-marked tests: compiled Triton kernels, bf16/fp8 GEMM, the CUDA memory test built
+#      with torch.utils.cpp_extension, NVML, the quick suite (tests/kernels/test_gpu.py); the
+#      SDK's CUDA-event timing of collectives on real NCCL (tests/agent/test_collectives_cuda.py);
+#      the trainer's bf16 run on one GPU against the CPU run (tests/trainer/test_gpu.py);
+#   2. the node agent's NVML sampler for 10 s under a GEMM load, every field it claims printed
+#      (bench/gpu/nvml_sample.py);
+#   3. two NCCL processes on the one GPU where NCCL allows it (it says so when it refuses): the
+#      all-reduce's result and bus bandwidth, and the SDK's device time of a member that waits
+#      for a peer delayed on the device by a known time (bench/gpu/nccl_pair.py);
+#   4. bench/diag_bench.py on cuda:0: GEMM 8192^3 bf16+fp8 (Triton vs cuBLAS), STREAM 2 GiB
+#      arrays (Triton vs torch), SDC, a 10 s burn, the memory test over ~92 % of free memory;
+#   5. the trainer's ~1B recipe on one GPU in bf16, compiled: tokens/s and MFU against the
+#      datasheet peak (bench/trainer.py --gpu-only).
+# The last line of output is one JSON object (bench/gpu/summary.py): {"gemm_ratio_to_torch",
+# "copy_ratio_to_torch", "memtest_coverage", "memtest_tb_per_s", "gpu_tests_passed",
+# "gpu_tests_failed"}, then the NVML figures ("nvml_*"), the NCCL pair's ("nccl_pair*"), the 1B
+# recipe's ("gpu_1b_tokens_per_s", "gpu_1b_mfu") and "stages_failed".
 # Usage: bash bench/gpu/run.sh            (PYTHON=/path/to/python to pick the interpreter)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
+deadline=$((SECONDS + 470)) # 8 minutes, less a margin for the summary and clean-up
 
 pick_python() {
   for py in ${PYTHON:-} "$root/.venv/bin/python" python3 python; do
     [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
     if "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-      echo "$py"; return 0
+      echo "$py"
+      return 0
     fi
   done
   return 1
@@ -32,15 +47,16 @@ if ! py=$(pick_python); then
 fi
 missing=$("$py" - <<'PY'
 import importlib.util
-need = ["triton", "msgspec", "zstandard", "pydantic_settings", "rich", "httpx", "pynvml", "pytest", "ninja"]
+need = ["triton", "numpy", "msgspec", "zstandard", "pydantic_settings", "rich", "httpx", "psutil",
+        "pynvml", "pytest", "pytest_timeout", "ninja"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 PY
 )
 if [ -n "$missing" ]; then
   echo "run.sh: installing missing modules: $missing" >&2
-  pkgs=$(echo "$missing" | sed 's/pydantic_settings/pydantic-settings/; s/pynvml/nvidia-ml-py/')
+  pkgs=$(echo "$missing" | sed 's/pydantic_settings/pydantic-settings/; s/pynvml/nvidia-ml-py/; s/pytest_timeout/pytest-timeout/')
   # shellcheck disable=SC2086
-  "$py" -m pip install -q $pkgs pytest-timeout >&2 || { echo "run.sh: cannot install $pkgs" >&2; exit 2; }
+  "$py" -m pip install -q $pkgs >&2 || { echo "run.sh: cannot install $pkgs" >&2; exit 2; }
 fi
 if ! command -v nvcc >/dev/null 2>&1; then
   for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH" && break; done
@@ -48,39 +64,54 @@ fi
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
 
 cp -r "$root/vigil" "$tree/vigil"
-cp -r "$root/kernels" "$tree/vigil/kernels"
-cp -r "$root/agent" "$tree/vigil/agent"
-mkdir -p "$tree/tests" && cp "$root/tests/__init__.py" "$tree/tests/" && cp -r "$root/tests/kernels" "$tree/tests/kernels"
+for part in agent kernels recovery trainer; do cp -r "$root/$part" "$tree/vigil/$part"; done
+mkdir -p "$tree/tests/agent" "$tree/tests/trainer"
+cp "$root/tests/__init__.py" "$tree/tests/"
+cp -r "$root/tests/kernels" "$tree/tests/kernels"
 # The SDK's CUDA collective timing (NCCL); not the agent tests' conftest (it needs the services).
-mkdir -p "$tree/tests/agent" && cp "$root/tests/agent/__init__.py" "$root/tests/agent/test_collectives_cuda.py" "$tree/tests/agent/"
+cp "$root/tests/agent/__init__.py" "$root/tests/agent/test_collectives_cuda.py" "$tree/tests/agent/"
+cp "$root/tests/trainer/__init__.py" "$root/tests/trainer/conftest.py" "$root/tests/trainer/test_gpu.py" "$tree/tests/trainer/"
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +
-export PYTHONPATH="$tree"
+export PYTHONPATH="$tree" VIGIL_LOG_LEVEL=${VIGIL_LOG_LEVEL:-WARNING}
 # One build of the CUDA memory test, shared by the tests and the figures below.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$tree/torch_extensions}
 echo "python: $py  ($("$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))'))"
 echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be built')"
 
-echo "== gpu tests =="
-(cd "$tree" && timeout 280 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -o timeout=200 \
-  --junitxml="$tree/gpu.xml" tests/kernels/test_gpu.py tests/agent/test_collectives_cuda.py 2>&1 | tail -25)
-read -r passed failed < <("$py" - "$tree/gpu.xml" <<'PY'
-import sys, xml.etree.ElementTree as ET
-try:
-    suite = ET.parse(sys.argv[1]).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    total, fail = int(suite.get("tests")), int(suite.get("failures")) + int(suite.get("errors"))
-    print(total - fail - int(suite.get("skipped")), fail)
-except Exception:
-    print(0, 1)
-PY
-)
+stages=()
+# stage NAME CAP_S COMMAND...: run COMMAND in the tree for at most CAP_S seconds (less if the
+# deadline is nearer; skipped under 10 s), its output shown and kept in $tree/NAME.out.
+stage() {
+  local name=$1 cap=$2 left status
+  shift 2
+  left=$((deadline - SECONDS))
+  [ "$left" -lt "$cap" ] && cap=$left
+  echo "== $name (at most ${cap} s) =="
+  if [ "$cap" -lt 10 ]; then
+    echo "run.sh: no time left for $name" | tee "$tree/$name.out" >&2
+    stages+=(--stage "$name" "$tree/$name.out" skipped)
+    return
+  fi
+  (cd "$tree" && timeout -k 5 "$cap" "$@") 2>&1 | tee "$tree/$name.out"
+  status=${PIPESTATUS[0]}
+  [ "$status" -eq 124 ] && echo "run.sh: $name ran past ${cap} s and was stopped" >&2
+  stages+=(--stage "$name" "$tree/$name.out" "$status")
+}
 
-echo "== figures =="
-cd "$tree" && timeout 170 "$py" "$root/bench/diag_bench.py" --device cuda \
+left=$((deadline - SECONDS))
+echo "== gpu tests (at most $((left < 170 ? left : 170)) s) =="
+(cd "$tree" && timeout -k 5 $((left < 170 ? left : 170)) "$py" -m pytest -q -m gpu \
+  -p no:cacheprovider -o addopts="" -o timeout=150 --junitxml="$tree/gpu.xml" \
+  tests/kernels/test_gpu.py tests/agent/test_collectives_cuda.py tests/trainer/test_gpu.py 2>&1 |
+  tail -30)
+read -r passed failed < <("$py" "$root/bench/gpu/summary.py" --junit "$tree/gpu.xml" --counts)
+
+stage nvml 25 "$py" "$root/bench/gpu/nvml_sample.py" --seconds 10
+stage nccl_pair 45 "$py" "$root/bench/gpu/nccl_pair.py" --delay-ms 50 --timeout 40
+stage figures 140 "$py" "$root/bench/diag_bench.py" --device cuda \
   --gpu-tests-passed "$passed" --gpu-tests-failed "$failed"
-status=$?
-if [ $status -ne 0 ]; then
-  echo "run.sh: diag_bench.py exited with $status" >&2
-  printf '{"gemm_ratio_to_torch": 0.0, "copy_ratio_to_torch": 0.0, "memtest_coverage": 0.0, "memtest_tb_per_s": 0.0, "gpu_tests_passed": %d, "gpu_tests_failed": %d}\n' "$passed" "$failed"
-  exit $status
-fi
+# Last, with whatever time is left (about 90 s when the stages above take their caps): the
+# recipe compiles each block first (most of it), then 12 steps, the first 5 left out.
+stage trainer_1b 200 "$py" "$root/bench/trainer.py" --gpu-only --gpu-steps 12
+
+"$py" "$root/bench/gpu/summary.py" --junit "$tree/gpu.xml" "${stages[@]}"
