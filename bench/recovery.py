@@ -96,13 +96,7 @@ def vigil_case(kind: str, url: str, root: Path, step: int = FAULT_STEP) -> dict[
     ]
     finding = next((f for f in found if f.finding_id == restart.finding_id), None)
     if finding is None:
-        # Seen with the sweep: the analyzer's ids (`crash-a0-r1`) repeat across jobs and the
-        # store keys findings by id alone, so a second job's finding is not kept under it.
-        print(
-            f"  warning: job {job}: the collector holds no finding {restart.finding_id} (the "
-            f"controller restarted on it); detection from the job's earliest {wanted} finding"
-        )
-        finding = min(found, key=lambda f: f.detected_s)
+        raise RuntimeError(f"job {job}: the collector holds no finding {restart.finding_id}")
     began = onset(steps, step)
     first = first_of(steps, 1)
     return {

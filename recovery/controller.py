@@ -8,6 +8,7 @@ controller killed at any point and started again finishes each recovery exactly 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -41,6 +42,13 @@ log = logging.getLogger(__name__)
 BAD_CONFIG_EXIT = 2
 # Test-only crash injection: the controller exits hard when it reaches this stage (see STAGES).
 STAGES = ("planned", "stopped", "placed", "launched", "recorded")
+
+
+def crash_finding_id(job_id: str, attempt: int, rank: int) -> str:
+    """The controller's crash finding id: findings are stored by id alone, so it names the job
+    (hashed: job names may be 256 characters), the attempt and the first rank to exit."""
+    job = hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:10]
+    return f"crash-{job}-a{attempt}-r{rank}"
 
 
 class FindingSource(Protocol):
@@ -194,7 +202,7 @@ class Controller:
         first = min(failed, key=lambda e: e.seen_s)
         rank, node, code = first.rank, first.node, first.returncode
         return Finding(
-            finding_id=f"crash-a{self.state.attempt}-r{rank}",
+            finding_id=crash_finding_id(self.config.job_id, self.state.attempt, rank),
             kind=FindingKind.CRASH,
             job_id=self.config.job_id,
             subjects=Subjects(ranks=[rank], nodes=[node]),

@@ -15,7 +15,7 @@ import pytest
 
 from vigil import codec
 from vigil.env import EnvVar
-from vigil.recovery.controller import STAGES
+from vigil.recovery.controller import STAGES, crash_finding_id
 from vigil.schema import Action, ActionState
 
 HERE = Path(__file__).parent
@@ -78,7 +78,7 @@ def test_controller_killed_mid_recovery_finishes_it_exactly_once(
             codec.decode_json(ln) for ln in (run_dir / "actions.jsonl").read_bytes().splitlines()
         ]
         actions = [a for a in lines if isinstance(a, Action)]
-        assert {a.action_id for a in actions} == {"crash-a0-r1/0-restart"}
+        assert {a.action_id for a in actions} == {f"{crash_finding_id('toy', 0, 1)}/0-restart"}
         assert [a.state for a in actions].count(ActionState.SUCCEEDED) == 1
         # Exactly one restart: attempts 0 and 1 only, and every step ran once on each rank.
         attempts = sorted(p.name for p in (run_dir / "attempts").iterdir())

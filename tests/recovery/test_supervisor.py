@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from vigil import codec
+from vigil.recovery.controller import crash_finding_id
 from vigil.schema import Action, ActionKind, ActionState
 
 HERE = Path(__file__).parent
@@ -77,8 +78,8 @@ def test_gloo_job_recovers_from_repeated_crashes_by_restart_then_migration(tmp_p
     assert done.returncode == 0, done.stderr
     actions = final_actions(run_dir)
     assert {(a.finding_id, a.kind, a.state) for a in actions.values()} == {
-        ("crash-a0-r1", ActionKind.RESTART, ActionState.SUCCEEDED),
-        ("crash-a1-r1", ActionKind.MIGRATE, ActionState.SUCCEEDED),
+        (crash_finding_id("toy", 0, 1), ActionKind.RESTART, ActionState.SUCCEEDED),
+        (crash_finding_id("toy", 1, 1), ActionKind.MIGRATE, ActionState.SUCCEEDED),
     }
     migrate = next(a for a in actions.values() if a.kind is ActionKind.MIGRATE)
     assert migrate.target == "node-0" and "node-2,node-1" in migrate.result
