@@ -54,12 +54,10 @@ def _decode(ctx: CollectorContext, body: bytes) -> tuple[schema.Batch, validate.
     # Values are checked inside the store's transaction (step records while the database
     # digests them); ranks against their jobs' world sizes here.
     checked = validate.prepare_batch(batch.records, steps)
-    jobs = {getattr(r, "job_id", "") for r in batch.records}
-    if steps is not None:
-        jobs |= steps.jobs()
-    declared = validate.declared_world_sizes(batch.records)
+    declared = validate.declared_world_sizes(checked)
     # Names the store cannot hold are refused with the values (NUL characters), not looked up.
-    storable = {job for job in jobs | set(declared) if job and "\x00" not in job}
+    jobs = validate.ranked_jobs(checked) | set(declared)
+    storable = {job for job in jobs if job and "\x00" not in job}
     world = ctx.world_sizes.lookup(storable, {j: declared[j] for j in storable if j in declared})
     validate.check_world(checked, world, ctx.settings.max_world_size)
     return batch, checked
@@ -154,9 +152,8 @@ def _commit_guarded(ctx: CollectorContext, body: bytes, header_id: str | None) -
                 return _commit(ctx, body, header_id)
         return _commit(ctx, body, header_id)
     except Exception as exc:
-        log.error(
-            "ingest failed on a %d-byte batch: %s", len(body), exc, exc_info=(type(exc), exc, None)
-        )
+        log.error("ingest failed on a %d-byte batch: %s", len(body), exc, exc_info=exc)
+        # A log handler may keep the record (and its traceback): the frames' locals go now.
         traceback.clear_frames(exc.__traceback__)
         exc.__traceback__ = None
         return _error(

@@ -62,6 +62,9 @@ class IngestResult:
     steps: columns.StepColumns | None = None  # the batch's step records as columns
 
 
+_MAX_LISTED_JOBS = 65_536
+
+
 class Store:
     """One database behind the collector; thread-safe (FastAPI runs handlers in a pool)."""
 
@@ -72,6 +75,8 @@ class Store:
         self.dialect = self.engine.dialect.name
         # SQLite allows one writer; serialising here avoids SQLITE_BUSY retries under load.
         self._write_lock = threading.Lock() if self.dialect == dialects.SQLITE else None
+        # Jobs known to have a jobs row (committed): their batches write no placeholder row.
+        self._listed_jobs: set[str] = set()
 
     def migrate(self) -> str:
         return migrate.upgrade(self.engine)
@@ -123,12 +128,21 @@ class Store:
                 },
             )
             written = (
-                writes.write_records(conn, batch.records, received_s=received_s, checked=checked)
+                writes.write_records(
+                    conn,
+                    batch.records,
+                    received_s=received_s,
+                    checked=checked,
+                    listed=self._listed_jobs,
+                )
                 if fresh
                 else None
             )
         if written is None:
             return IngestResult(batch_id=batch.batch_id, accepted=count, duplicate=True)
+        if len(self._listed_jobs) > _MAX_LISTED_JOBS:  # bounded: forgetting costs one insert
+            self._listed_jobs.clear()
+        self._listed_jobs.update(written.listed_jobs)
         return IngestResult(
             batch_id=batch.batch_id,
             accepted=count,

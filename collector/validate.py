@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -260,16 +260,23 @@ _RANKED = (
 )
 
 
-def declared_world_sizes(records: Sequence[schema.Record]) -> dict[str, int]:
+def declared_world_sizes(checked: Checked) -> dict[str, int]:
     """World sizes a batch declares itself: its Job records, else its ranks' RankInfo."""
     declared: dict[str, int] = {}
-    for record in records:
-        if type(record) is schema.RankInfo and record.world_size:
-            declared[record.job_id] = max(declared.get(record.job_id, 0), record.world_size)
-    for record in records:
-        if type(record) is schema.Job:
-            declared[record.job_id] = record.world_size
+    for info in checked.groups.get(schema.RankInfo, ()):
+        if info.world_size:
+            declared[info.job_id] = max(declared.get(info.job_id, 0), info.world_size)
+    for job in checked.groups.get(schema.Job, ()):
+        declared[job.job_id] = job.world_size
     return declared
+
+
+def ranked_jobs(checked: Checked) -> set[str]:
+    """The jobs a batch's ranked records (and its step block) belong to."""
+    jobs = checked.block.jobs() if checked.block is not None else set()
+    for cls in _RANKED:
+        jobs.update(map(_JOB_ID, checked.groups.get(cls, ())))
+    return jobs
 
 
 def check_world(checked: Checked, world_sizes: dict[str, int], max_world_size: int) -> None:
@@ -304,6 +311,7 @@ def check_world(checked: Checked, world_sizes: dict[str, int], max_world_size: i
         _check_step_ranks(ranks, jobs, world_sizes, max_world_size)
 
 
+_JOB_ID = attrgetter("job_id")
 _STEP_RANK = schema.StepRecord.__struct_fields__.index("rank")
 _STEP_JOB = schema.StepRecord.__struct_fields__.index("job_id")
 

@@ -7,7 +7,8 @@ by their ids with SQLAlchemy Core. Must not commit, decode or call the analyzer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ class Written:
 
     counts: dict[str, int]
     steps: columns.StepColumns | None
+    listed_jobs: frozenset[str] = frozenset()  # jobs that now have a jobs row
 
 
 def write_records(
@@ -52,12 +54,14 @@ def write_records(
     *,
     received_s: float,
     checked: validate.Checked | None = None,
+    listed: Container[str] = frozenset(),
 ) -> Written:
     """Store every record of one batch (the caller's transaction makes it all-or-nothing).
     `checked`: `validate.check_batch(records)` or `validate.prepare_batch(records)`, whose
     groups and tuples are reused (and which carry the batch's columnar step records, if any);
     an unverified batch is verified here, group by group, and a `DecodeError` aborts the write
-    (step records are verified while the database digests them)."""
+    (step records are verified while the database digests them). `listed`: jobs known to have
+    a jobs row already (no placeholder is written for them)."""
     if checked is None:
         checked = validate.prepare_batch(records)
     elif sum(map(len, checked.groups.values())) != len(records):
@@ -71,14 +75,15 @@ def write_records(
         if not checked.verified:
             validate.verify_group(record_type, group, rows)
         _WRITERS[record_type](conn, group, received_s, rows)
-    _placeholder_jobs(conn, checked, received_s)
+    jobs = _placeholder_jobs(conn, checked, received_s, listed)
     counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
     if schema.StepRecord in checked.groups:  # block rows have no record objects
         counts[_TAGS[schema.StepRecord]] = checked.step_count
-    return Written(counts=counts, steps=steps)
+    return Written(counts=counts, steps=steps, listed_jobs=jobs)
 
 
 Rows = list[tuple[Any, ...]] | None
+_JOB_ID = operator.attrgetter("job_id")
 
 
 def _tuples(records: list[Any], rows: Rows) -> list[tuple[Any, ...]]:
@@ -195,18 +200,21 @@ def _jobs(conn: Connection, records: list[schema.Job], received_s: float, rows: 
     dialects.upsert(conn, tables.jobs, dicts)
 
 
-def _placeholder_jobs(conn: Connection, checked: validate.Checked, received_s: float) -> None:
+def _placeholder_jobs(
+    conn: Connection, checked: validate.Checked, received_s: float, listed: Container[str]
+) -> frozenset[str]:
     """A jobs row (world size 0: not declared yet) for every job the batch reports on without
-    a Job record, so a job known only from its ranks' records is listed; its Job record, when
-    it comes, replaces the row."""
+    a Job record and not `listed` yet, so a job known only from its ranks' records is listed;
+    its Job record, when it comes, replaces the row. Returns the batch's jobs that have a row."""
+    described = set(map(_JOB_ID, checked.groups.get(schema.Job, ())))
     jobs: set[str] = set()
     if checked.block is not None:
         jobs |= checked.block.jobs()
     for cls in (schema.StepRecord, schema.RankInfo, schema.Heartbeat):
-        jobs.update(r.job_id for r in checked.groups.get(cls, ()))
-    jobs.difference_update(r.job_id for r in checked.groups.get(schema.Job, ()))
-    if not jobs:
-        return
+        jobs.update(map(_JOB_ID, checked.groups.get(cls, ())))
+    missing = [j for j in jobs if j not in listed and j not in described]
+    if not missing:
+        return frozenset(jobs | described)
     placeholder = {
         "name": "",
         "world_size": 0,
@@ -218,7 +226,9 @@ def _placeholder_jobs(conn: Connection, checked: validate.Checked, received_s: f
         "created_s": received_s,
         "updated_s": received_s,
     }
-    dialects.insert_missing(conn, tables.jobs, [{"job_id": j, **placeholder} for j in sorted(jobs)])
+    rows = [{"job_id": j, **placeholder} for j in sorted(missing)]
+    dialects.insert_missing(conn, tables.jobs, rows)
+    return frozenset(jobs | described)
 
 
 def _upserter(table: Table) -> Callable[[Connection, list[Any], float, Rows], None]:
