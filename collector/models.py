@@ -171,6 +171,13 @@ class ActionPublic(BaseModel):
     start_s: float | None
     end_s: float | None
     result: str
+    # The restart record (restart actions): the attempt it launched (0 = first start), the first
+    # step that attempt trained, the steps trained again, and when its first step was seen
+    # (time to recover of a finding = recovered_s - the finding's detected_s); -1 / null unknown.
+    attempt: int
+    resume_step: int
+    steps_lost: int
+    recovered_s: float | None  # 0: not recovered yet
 
 
 class CheckpointPublic(BaseModel):

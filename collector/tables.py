@@ -222,6 +222,11 @@ actions = Table(
     Column("start_s", Double, nullable=False),
     Column("end_s", Double, nullable=False),
     Column("result", Text, nullable=False),
+    # The restart record (revision 0005): -1 / 0 where unknown or not a restart.
+    Column("attempt", BigInteger, nullable=False, server_default="-1"),
+    Column("resume_step", BigInteger, nullable=False, server_default="-1"),
+    Column("steps_lost", BigInteger, nullable=False, server_default="-1"),
+    Column("recovered_s", Double, nullable=False, server_default="0"),
     Index("ix_actions_job", "job_id", "start_s"),
 )
 

@@ -301,6 +301,13 @@ class Action(_Record, tag="action", kw_only=True):
     start_s: NonNegFloat = 0.0
     end_s: NonNegFloat = 0.0
     result: LongText = ""
+    # The restart record (restart actions; -1 / 0 where not known or not a restart). A restart is
+    # posted when it relaunches, then again under the same id once the new attempt's first step
+    # is seen: time to recover of a finding = recovered_s - its detected_s.
+    attempt: Annotated[int, msgspec.Meta(ge=-1)] = -1  # attempt launched (0 = first start)
+    resume_step: Annotated[int, msgspec.Meta(ge=-1)] = -1  # first step trained again
+    steps_lost: Annotated[int, msgspec.Meta(ge=-1)] = -1  # steps trained twice
+    recovered_s: NonNegFloat = 0.0  # when the new attempt's first step was seen
 
 
 class Checkpoint(_Record, tag="checkpoint", kw_only=True):

@@ -182,7 +182,7 @@ def test_migration_0004_splits_matrices_into_chunks_and_back(store_url: str) -> 
         _move(store, "0003")
         with store.write() as conn:
             conn.execute(_old_table().insert(), _old_rows())
-        assert store.migrate() == "0004" == migrate.head_revision()
+        assert store.migrate() == migrate.head_revision() >= "0004"
         with store.read() as conn:
             assert compare_metadata(MigrationContext.configure(conn), tables.metadata) == []
         stored = stored_matrix(store)

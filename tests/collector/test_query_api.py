@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -169,6 +170,38 @@ def test_findings_actions_checkpoints_diag_and_collectives(make_client: MakeClie
         0,
         64,
     )
+
+
+def test_restart_action_is_upserted_with_its_restart_record(make_client: MakeClient) -> None:
+    """A restart posted at relaunch, then again (same id) once the new attempt's first step is
+    seen: the API answers one action carrying the second post's record."""
+    client = make_client()
+    restart = schema.Action(
+        action_id="r1",
+        kind=schema.ActionKind.RESTART,
+        job_id=rec.JOB,
+        finding_id="crash-1",
+        state=schema.ActionState.SUCCEEDED,
+        start_s=10.0,
+        end_s=11.0,
+        attempt=1,
+    )
+    assert ingest(client, [restart]) == 200
+    (first,) = client.get("/api/v1/actions", params={"job_id": rec.JOB}).json()
+    assert (first["attempt"], first["resume_step"], first["steps_lost"]) == (1, -1, -1)
+    assert first["recovered_s"] == 0.0
+    done = msgspec.structs.replace(restart, resume_step=11, steps_lost=2, recovered_s=14.5)
+    assert ingest(client, [done]) == 200
+    (action,) = client.get("/api/v1/actions", params={"job_id": rec.JOB}).json()
+    assert (action["attempt"], action["resume_step"], action["steps_lost"]) == (1, 11, 2)
+    assert action["recovered_s"] == 14.5 and action["finding_id"] == "crash-1"
+    # Other actions carry the "unknown" values.
+    other = schema.Action(action_id="c1", kind=schema.ActionKind.CHECKPOINT, job_id=rec.JOB)
+    assert ingest(client, [other]) == 200
+    by_id = {a["action_id"]: a for a in client.get("/api/v1/actions").json()}
+    assert (by_id["c1"]["attempt"], by_id["c1"]["steps_lost"]) == (-1, -1)
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["ActionPublic"]
+    assert {"attempt", "resume_step", "steps_lost", "recovered_s"} <= set(spec["properties"])
 
 
 def test_openapi_documents_every_route(make_client: MakeClient) -> None:
