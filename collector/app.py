@@ -24,7 +24,15 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from vigil import _version
-from vigil.collector import auth, history, retention, routes_ingest, routes_query, routes_upload
+from vigil.collector import (
+    auth,
+    history,
+    retention,
+    routes_ingest,
+    routes_query,
+    routes_upload,
+    ui,
+)
 from vigil.collector.analyzer_runner import AnalyzerRunner, ResumingAnalyzer, StreamAnalyzer
 from vigil.collector.context import CollectorContext, json_response
 from vigil.collector.metrics import CollectorMetrics
@@ -80,6 +88,7 @@ def create_app(
     app.include_router(routes_ingest.router(ctx))
     app.include_router(routes_query.router(ctx))
     app.include_router(routes_upload.router(ctx))
+    ui.mount(app, ctx)  # the web UI under /ui (collector/ui/)
     _ops_routes(app, ctx)
     if not docs_open:
         _protected_docs(app, ctx)

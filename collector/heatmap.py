@@ -4,8 +4,11 @@ or MFU, for the query API (`step_matrix` writes them at ingest).
 Reads the packed per-chunk arrays of `step_matrix` (one row per step and chunk of 1,024 ranks,
 not per cell), so a 1,024-rank x 1,000-step matrix is 1,000 rows. Only ranks with at least one
 value in the range are listed, so a job whose only rank is 131,071 answers one column, not
-131,072. Ranges wider than `max_steps` are averaged over runs of `stride` consecutive steps.
-Missing cells are NaN here and null in JSON. Must not write.
+131,072. Ranges wider than `max_steps` are reduced over runs of `stride` consecutive steps: by
+their mean (the query API's default) or by their maximum or minimum (`Reduce`; the web UI keeps
+the worst cell, so one slow step is never averaged away). `matrix` gives the same as numpy
+arrays for callers that reduce further (the UI's rank downsampling). Missing cells are NaN here
+and null in JSON. Must not write.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ class HeatmapMetric(enum.StrEnum):
     MFU = "mfu"  # model FLOPs utilisation, 0..1
 
 
+class Reduce(enum.StrEnum):
+    """How the steps of one column become one value."""
+
+    MEAN = "mean"  # the query API's default: a column's typical value
+    MAX = "max"  # the worst of step time or wait: one slow step stays visible
+    MIN = "min"  # the worst of MFU
+
+
+Matrix = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+
+
 def heatmap(
     conn: Connection,
     job_id: str,
@@ -37,9 +51,40 @@ def heatmap(
     step_start: int,
     step_end: int,
     max_steps: int,
+    reduce: Reduce = Reduce.MEAN,
 ) -> dict[str, Any]:
     """`values[i][j]`: the metric of rank `ranks[j]` over the steps of column `i` (`steps[i]`
     onward); `ranks` are the ranks with a value in the range, sorted."""
+    stride, (steps, ranks, values) = matrix(
+        conn,
+        job_id,
+        metric=metric,
+        step_start=step_start,
+        step_end=step_end,
+        max_steps=max_steps,
+        reduce=reduce,
+    )
+    return {
+        "job_id": job_id,
+        "metric": str(metric),
+        "stride": stride,
+        "ranks": ranks.tolist(),
+        "steps": steps.tolist(),
+        "values": values.tolist(),
+    }
+
+
+def matrix(
+    conn: Connection,
+    job_id: str,
+    *,
+    metric: HeatmapMetric,
+    step_start: int,
+    step_end: int,
+    max_steps: int,
+    reduce: Reduce = Reduce.MEAN,
+) -> tuple[int, Matrix]:
+    """The stride and (column first steps, ranks, values[column, rank]) as numpy arrays."""
     t = tables.step_matrix
     column = t.c[str(metric)]
     rows = conn.execute(
@@ -48,25 +93,21 @@ def heatmap(
         .order_by(t.c.step, t.c.chunk)
     ).all()
     stride = max(1, math.ceil((step_end - step_start + 1) / max_steps)) if rows else 1
-    steps, ranks, values = _columns(rows, step_start, stride)
-    return {
-        "job_id": job_id,
-        "metric": str(metric),
-        "stride": stride,
-        "ranks": ranks,
-        "steps": steps,
-        "values": values,
-    }
+    return stride, _columns(rows, step_start, stride, reduce)
+
+
+def _empty() -> Matrix:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float64)
 
 
 def _columns(
-    rows: Sequence[Any], step_start: int, stride: int
-) -> tuple[list[int], list[int], list[list[float]]]:
+    rows: Sequence[Any], step_start: int, stride: int, reduce: Reduce = Reduce.MEAN
+) -> Matrix:
     """Pure: (step, chunk, array) rows by step then chunk as the first step of each column,
-    the ranks with a value and per column each rank's mean over the column's steps (NaN where
-    it has none)."""
+    the ranks with a value and per column each rank's mean (or max, min) over the column's
+    steps (NaN where it has none)."""
     if not rows:
-        return [], [], []
+        return _empty()
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     chunks = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
     lengths = np.fromiter((len(r[2]) // 8 for r in rows), dtype=np.int64, count=len(rows))
@@ -75,9 +116,18 @@ def _columns(
         step_start + (steps - step_start) // stride * stride, return_inverse=True
     )
     num_columns = len(firsts)
-    dense = _dense(chunks, lengths, column_of_row.reshape(-1), data) if stride == 1 else None
-    if dense is not None:
-        return firsts.tolist(), dense.tolist(), data.reshape(num_columns, -1).tolist()
+    column_of_row = column_of_row.reshape(-1)
+    if stride == 1 or reduce != Reduce.MEAN:
+        by_step = np.unique(steps, return_inverse=True)[1].reshape(-1)
+        dense = _dense(chunks, lengths, by_step, data)
+        if dense is not None:
+            grid = data.reshape(int(by_step.max()) + 1, -1)
+            if stride > 1:
+                # Steps lie in order: each column's steps are one run of grid rows.
+                column_of_step = column_of_row[np.searchsorted(by_step, np.arange(len(grid)))]
+                starts = np.flatnonzero(np.diff(column_of_step, prepend=-1))
+                grid = (np.maximum if reduce == Reduce.MAX else np.minimum).reduceat(grid, starts)
+            return firsts, dense, grid
     # Each cell's rank and column; then only the cells with a value.
     cell_ranks = _ranks(chunks, lengths)
     cell_columns = np.repeat(column_of_row.reshape(-1), lengths)
@@ -92,11 +142,17 @@ def _columns(
     ranks = np.flatnonzero(listed)
     cells = cell_columns * len(ranks) + (np.cumsum(listed) - 1)[cell_ranks]
     size = num_columns * len(ranks)
-    # bincount adds in row order: each mean sums its steps in step order.
-    sums = np.bincount(cells, weights=cell_values, minlength=size)
     counts = np.bincount(cells, minlength=size)
-    grid = np.divide(sums, counts, out=np.full(size, math.nan), where=counts > 0)
-    return firsts.tolist(), ranks.tolist(), grid.reshape(num_columns, len(ranks)).tolist()
+    if reduce == Reduce.MEAN:
+        # bincount adds in row order: each mean sums its steps in step order.
+        sums = np.bincount(cells, weights=cell_values, minlength=size)
+        flat = np.divide(sums, counts, out=np.full(size, math.nan), where=counts > 0)
+    else:
+        worst = np.maximum if reduce == Reduce.MAX else np.minimum
+        flat = np.full(size, -math.inf if reduce == Reduce.MAX else math.inf)
+        worst.at(flat, cells, cell_values)
+        flat[counts == 0] = math.nan
+    return firsts, ranks, flat.reshape(num_columns, len(ranks))
 
 
 def _dense(

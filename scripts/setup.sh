@@ -9,6 +9,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt_packages=(
     prometheus # the agent tests scrape the real exporter with a throwaway Prometheus
     postgresql # the collector tests start a throwaway PostgreSQL cluster (initdb/pg_ctl)
+    chromium # the web UI's browser tests drive Debian's headless Chromium through Playwright
   )
   if [ ${#apt_packages[@]} -gt 0 ]; then
     missing=()

@@ -78,6 +78,15 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     assert Path(where.stdout.strip()).is_relative_to(site), "vigil must come from the wheel"
     for part in SUBPACKAGES:
         assert (site / "vigil" / part / "__init__.py").is_file()
+    # The web UI's page shell and assets are package data: a wheel without them serves 404s.
+    ui = site / "vigil" / "collector" / "ui"
+    for asset in (
+        "templates/index.html",
+        "static/heatmap.js",
+        "static/vigil.css",
+        "static/NOTICE.txt",
+    ):
+        assert (ui / asset).is_file(), asset
     version = subprocess.run(
         [env_dir / "bin" / "vigil", "version"],
         capture_output=True,
