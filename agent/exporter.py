@@ -1,11 +1,13 @@
 """Prometheus /metrics for the node agent (prometheus-client's custom Collector contract).
 
-Per rank (labels job, rank, node): last step time, MFU, exposed communication wait, collective
-time, last step, seconds since progress, hang suspicion, SDK errors, drops and quarantined
-batches. Per GPU / host: the sampler's readings (GPU ones labelled with the job, rank and pod
-using the device). The agent's own health: queue depth, dropped records, ship errors, spool
-bytes, hangs detected, quarantined batches, replayed spools of exited ranks.
-Names come from `vigil.metric_names`. Reads an `AgentView` snapshot; never touches pages itself.
+Per rank (labels job_id, rank, node): last step time, MFU, exposed communication wait,
+collective time, last step, its tokens, seconds since progress, hang suspicion, SDK errors, drops
+and quarantined batches. Per GPU / host: the sampler's readings (GPU ones labelled with the job,
+rank and pod using the device). The agent's own health: queue depth, dropped records, ship
+errors, spool bytes, hangs detected, quarantined batches, replayed spools of exited ranks.
+Names come from `vigil.metric_names`; docs/metrics.md lists each with its labels and series per
+rank (a fixed number: nothing here is labelled by step, group or op, so a rank costs the same
+series however long it trains). Reads an `AgentView` snapshot; never touches pages itself.
 """
 
 from __future__ import annotations
@@ -83,6 +85,12 @@ _RANK_GAUGES: list[tuple[str, Unit, str, Callable[[RankView], float]]] = [
         lambda r: r.snapshot.last.collective_s,
     ),
     ("last_step", Unit.NONE, "The rank's last finished step.", lambda r: r.snapshot.last.step),
+    (
+        "step_tokens",
+        Unit.NONE,
+        "Tokens the rank processed in its last finished step (tokens/s = this / step time).",
+        lambda r: r.snapshot.last.tokens,
+    ),
     (
         "progress_age",
         Unit.SECONDS,

@@ -27,6 +27,7 @@ from vigil import _version
 from vigil.collector import (
     auth,
     history,
+    job_metrics,
     retention,
     routes_ingest,
     routes_query,
@@ -55,6 +56,7 @@ def create_app(
     metrics = CollectorMetrics(
         store_size=store.size_bytes,
         analyzer_pending=lambda: float(runner_box[0].pending) if runner_box else 0.0,
+        jobs=job_metrics.JobMetrics(store.read, clock=clock),
     )
     ctx = CollectorContext(
         settings=settings,

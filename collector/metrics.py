@@ -1,7 +1,9 @@
 """The collector's own Prometheus metrics, on a registry per app (names from vigil.metric_names).
 
 Ingested rows and rejected batches are counters (rates come from PromQL); batch latency is a
-histogram; store size is read from the store at scrape time. Must not touch the global registry.
+histogram; store size is read from the store at scrape time, and so are the job-level series of
+`job_metrics.JobMetrics` (findings, actions, restarts, goodput, ...) when the app hands it a
+store reader. Must not touch the global registry.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.registry import Collector
 
 from vigil.metric_names import MetricKind, Unit, metric_name
 
@@ -23,9 +26,15 @@ def _name(name: str, unit: Unit, kind: MetricKind) -> str:
 
 class CollectorMetrics:
     def __init__(
-        self, *, store_size: Callable[[], float], analyzer_pending: Callable[[], float]
+        self,
+        *,
+        store_size: Callable[[], float],
+        analyzer_pending: Callable[[], float],
+        jobs: Collector | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        if jobs is not None:
+            self.registry.register(jobs)
         self.ingested_rows = Counter(
             _name("ingested_rows", Unit.NONE, MetricKind.COUNTER),
             "Records committed to the store, by record type.",

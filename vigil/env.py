@@ -84,3 +84,5 @@ class EnvVar(enum.StrEnum):
     METRICS_PUBLIC = "VIGIL_METRICS_PUBLIC"
     # With auth on, "1" serves /docs and /openapi.json without a token; default needs read.
     DOCS_PUBLIC = "VIGIL_DOCS_PUBLIC"
+    # Grafana service-account token `vigil dashboards push` uploads with (kept out of argv).
+    GRAFANA_TOKEN = "VIGIL_GRAFANA_TOKEN"
