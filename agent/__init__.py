@@ -1,7 +1,8 @@
 """SDK hooks inside training processes and the per-node agent daemon.
 
 Training code uses `init`, `watch`, `step`, `span`, `on_control` and `shutdown` (see
-`vigil.agent.sdk`). Importing `vigil.agent` imports neither torch nor starts anything: the SDK
+`vigil.agent.sdk`), and `snapshots` for per-step in-memory snapshots (`vigil.recovery.snapshots`,
+re-exported here). Importing `vigil.agent` imports neither torch nor starts anything: the SDK
 functions load on first use (PEP 562), so `vigil agent` runs on nodes without torch.
 vigil.agent must not import vigil.collector (import-linter contract).
 """
@@ -16,6 +17,7 @@ from vigil.agent.config import AgentConfig, SdkConfig, ShipperConfig
 if TYPE_CHECKING:
     from vigil.agent.sdk import current, init, on_control, shutdown, span, step, watch
     from vigil.agent.session import Session, StepHandle
+    from vigil.recovery.snapshots import Snapshots, snapshots
 
 _LAZY = {
     "current": "sdk",
@@ -27,6 +29,8 @@ _LAZY = {
     "watch": "sdk",
     "Session": "session",
     "StepHandle": "session",
+    "Snapshots": "vigil.recovery.snapshots",
+    "snapshots": "vigil.recovery.snapshots",
 }
 
 __all__ = [
@@ -34,11 +38,13 @@ __all__ = [
     "SdkConfig",
     "Session",
     "ShipperConfig",
+    "Snapshots",
     "StepHandle",
     "current",
     "init",
     "on_control",
     "shutdown",
+    "snapshots",
     "span",
     "step",
     "watch",
@@ -49,6 +55,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vigil.agent' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"vigil.agent.{module}"), name)
+    path = module if "." in module else f"vigil.agent.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value  # later lookups skip this hook (it runs once per name)
     return value

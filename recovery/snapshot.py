@@ -1,11 +1,13 @@
-"""In-memory snapshots of every step's training state, kept outside the process that may fail.
+"""In-memory snapshots of every step's training state, kept outside the process that may fail:
+the files, their layout and the peer exchange (the low-level layer).
 
-Gemini-style: after each step a rank serialises its state into node shared memory (/dev/shm, which
-outlives the process) and sends a copy to its peer rank on the next node, which keeps it in *its*
-node's shared memory — so losing a whole node loses nothing. On restart a rank restores the newest
-snapshot it can find (its own node's, else the replica a peer holds) when it is newer than the last
-persistent checkpoint. The exchange uses torch.distributed point-to-point ops, so it works over gloo
-and NCCL alike; all ranks must call `save` at the same step.
+Gemini-style: a rank serialises its state into node shared memory (/dev/shm, which outlives the
+process) and sends a copy to its peer rank on the next node, which keeps it in *its* node's shared
+memory — so losing a whole node loses nothing. `Snapshotter.save` does all of it on the calling
+thread (all ranks must call it at the same step); `vigil.recovery.snapshot_async` does the same
+work in the background for training loops, and `vigil.recovery.snapshots` is the public API over
+both. Files are written to a temporary name and renamed, so a reader sees a whole snapshot or none.
+This module holds no threads and creates no process groups.
 
 Layout: <root>/<job>/<node>/rank-<r>/step-<s>.pt (primary) and
 <root>/<job>/<node>/replica-of-rank-<r>/step-<s>.pt (a peer's copy).
@@ -13,9 +15,9 @@ Layout: <root>/<job>/<node>/rank-<r>/step-<s>.pt (primary) and
 
 from __future__ import annotations
 
-import io
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,9 @@ class Snapshotter:
     root: Path = DEFAULT_ROOT
     # Two per rank: the newest, and the one before it in case the newest is being written.
     keep: int = 2
+    # The process group the peer exchange runs over (None: the default group). The background
+    # writer passes a gloo group of its own, so replication never queues behind training.
+    group: Any = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -73,31 +78,68 @@ class Snapshotter:
     def peer_from(self) -> int:
         return (self.rank - self.ranks_per_node) % self.world_size
 
+    @property
+    def node_dir(self) -> Path:
+        return self.root / self.job / self.node
+
     def primary_dir(self, rank: int | None = None) -> Path:
-        return self.root / self.job / self.node / f"rank-{self.rank if rank is None else rank}"
+        return self.node_dir / f"rank-{self.rank if rank is None else rank}"
+
+    @property
+    def replica_dir(self) -> Path:
+        """Where this node keeps the copy of `peer_from`'s snapshots."""
+        return self.node_dir / f"replica-of-rank-{self.peer_from}"
+
+    @property
+    def replicates(self) -> bool:
+        return self.num_nodes > 1 and dist.is_available() and dist.is_initialized()
 
     def save(self, step: int, state: Mapping[str, Any]) -> int:
         """Snapshot `state` for `step` locally and on the peer node; returns bytes written."""
-        buffer = io.BytesIO()
-        torch.save(dict(state), buffer)
-        payload = buffer.getvalue()
-        _write(self.primary_dir(), step, payload, self.keep)
-        if self.num_nodes > 1 and dist.is_available() and dist.is_initialized():
-            received = self._exchange(payload)
-            replica_dir = self.root / self.job / self.node / f"replica-of-rank-{self.peer_from}"
-            _write(replica_dir, step, received, self.keep)
-        return len(payload)
+        path = self.write_primary(step, state)
+        if self.replicates:
+            self.replicate(step, path)
+        return path.stat().st_size
 
-    def _exchange(self, payload: bytes) -> bytes:
-        size_out = torch.tensor([len(payload)], dtype=torch.int64)
-        size_in = torch.zeros(1, dtype=torch.int64)
-        _send_recv(size_out, self.peer_to, size_in, self.peer_from)
-        data_out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        received = bytearray(int(size_in.item()))
-        # irecv writes straight into `received` through a tensor view of it.
-        data_in = torch.frombuffer(received, dtype=torch.uint8)
-        _send_recv(data_out, self.peer_to, data_in, self.peer_from)
-        return bytes(received)
+    def write_primary(self, step: int, state: Mapping[str, Any]) -> Path:
+        """Serialise `state` into this rank's folder (temp file, then an atomic rename)."""
+        folder = self.primary_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".step-{step}.tmp"
+        torch.save(dict(state), tmp)
+        return _commit(folder, tmp, step, self.keep)
+
+    def replicate(self, step: int, path: Path | None) -> int:
+        """Send this rank's snapshot file (None: nothing to send this time) to `peer_to` and
+        keep what `peer_from` sends; every rank of the job calls it for the same snapshot.
+
+        Returns the step of the replica received (-1 when the peer had nothing to send).
+        """
+        size = path.stat().st_size if path is not None else 0
+        header_out = torch.tensor([step if path is not None else -1, size], dtype=torch.int64)
+        header_in = torch.zeros(2, dtype=torch.int64)
+        _send_recv(header_out, self.peer_to, header_in, self.peer_from, self.group)
+        got_step, got_size = (int(v) for v in header_in.tolist())
+        folder = self.replica_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".step-{got_step}.tmp"
+        # Both sides map files: the sender reads its snapshot's pages, the receiver writes
+        # straight into the new file's (no copy through Python bytes).
+        out = _mapped(path, size) if path is not None and size else None
+        into = _mapped(tmp, got_size, create=True) if got_step >= 0 and got_size else None
+        works = []
+        if out is not None:
+            works.append(dist.isend(out, self.peer_to, group=self.group))
+        if into is not None:
+            works.append(dist.irecv(into, self.peer_from, group=self.group))
+        for work in works:
+            if work is not None:
+                work.wait()
+        if into is None:
+            return -1
+        del into
+        _commit(folder, tmp, got_step, self.keep)
+        return got_step
 
     def newest(self) -> Snapshot | None:
         """This rank's newest snapshot on any node still present (primary or a peer's replica)."""
@@ -124,38 +166,50 @@ class Snapshotter:
         return state
 
 
-def from_env(*, job: str) -> Snapshotter | None:
-    """A Snapshotter for a rank started by `vigil run` (VIGIL_SNAPSHOT_DIR set), else None."""
-    root = os.environ.get(EnvVar.SNAPSHOT_DIR)
-    if not root or not (dist.is_available() and dist.is_initialized()):
+def from_env(
+    *, job: str | None = None, root: str | os.PathLike[str] | None = None, keep: int = 2
+) -> Snapshotter | None:
+    """A Snapshotter for this rank: under `root`, else $VIGIL_SNAPSHOT_DIR (`vigil run` sets it
+    for every rank, with VIGIL_JOB and VIGIL_NODE); None when neither is set."""
+    root = root if root is not None else os.environ.get(EnvVar.SNAPSHOT_DIR)
+    if not root:
         return None
-    world = dist.get_world_size()
+    distributed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
     return Snapshotter(
-        job=job,
-        node=os.environ.get(EnvVar.NODE, "localhost"),
-        rank=dist.get_rank(),
+        job=job or os.environ.get(EnvVar.JOB) or "vigil-job",
+        node=os.environ.get(EnvVar.NODE) or socket.gethostname(),
+        rank=dist.get_rank() if distributed else 0,
         world_size=world,
         ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
         root=Path(root),
+        keep=keep,
     )
 
 
-def _send_recv(out: torch.Tensor, to: int, into: torch.Tensor, source: int) -> None:
+def _send_recv(out: torch.Tensor, to: int, into: torch.Tensor, source: int, group: Any) -> None:
     # Plain isend/irecv (not batch_isend_irecv): profiling wrappers around them stay valid.
-    works = [dist.isend(out, to), dist.irecv(into, source)]
+    works = [dist.isend(out, to, group=group), dist.irecv(into, source, group=group)]
     for work in works:
         if work is not None:
             work.wait()
 
 
-def _write(folder: Path, step: int, payload: bytes, keep: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".step-{step}.tmp"
-    tmp.write_bytes(payload)
-    os.replace(tmp, folder / f"step-{step}.pt")  # readers see a whole snapshot or none
+def _mapped(path: Path, size: int, *, create: bool = False) -> torch.Tensor:
+    """A uint8 tensor over the file's bytes (created at `size` bytes when `create`)."""
+    if create:
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+    return torch.from_file(str(path), shared=create, size=size, dtype=torch.uint8)
+
+
+def _commit(folder: Path, tmp: Path, step: int, keep: int) -> Path:
+    final = folder / f"step-{step}.pt"
+    os.replace(tmp, final)  # readers see a whole snapshot or none
     steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)))
     for old in steps[:-keep]:
         (folder / f"step-{old}.pt").unlink(missing_ok=True)
+    return final
 
 
 def local_copy(tree: Any) -> Any:

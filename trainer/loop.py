@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from vigil.recovery import snapshot
+from vigil.recovery import snapshots
 from vigil.trainer import assembly, checkpoint, data, faults, parallel, pipeline, recipes, telemetry
 from vigil.trainer import model as model_lib
 from vigil.trainer.exits import ExitCode
@@ -151,7 +151,11 @@ class Trainer:
                 group=side_group,
                 extra={"recipe": recipe.name, "layout": {k: str(v) for k, v in layout.items()}},
             )
-        self.snaps = snapshot.from_env(job=self.ctx.job_id) if self.distributed else None
+        # Per-step in-memory snapshots under `vigil run` (VIGIL_SNAPSHOT_DIR): the public
+        # `vigil.agent.snapshots` machinery, staged here and written in the background.
+        self.snaps = snapshots.Snapshots(
+            self.parts.owner, self.parts.optimizer, job=self.ctx.job_id
+        )
         self.flops_per_token = recipe.model.flops_per_token(recipe.seq_len)
         self.tele.watch(self.parts.owner, self.parts.optimizer)
         self.tele.on_control("checkpoint", self.control.request_checkpoint)
@@ -186,32 +190,18 @@ class Trainer:
 
     def _resume_from_snapshot(self) -> int | None:
         """Restore the newest in-memory snapshot when it is newer than every committed
-        checkpoint (all ranks agree, since a snapshot only fits the layout it came from)."""
-        if self.snaps is None:
+        checkpoint (all ranks restore the same step, or none does); the step it holds."""
+        if not self.snaps.enabled:
             return None
-        found = self.snaps.newest()
         committed = checkpoint.committed_steps(self.ckpt.root) if self.ckpt else []
-        newest_ckpt = max(committed, default=0)
-        mine = found.step if found is not None and found.step > newest_ckpt else -1
-        agreed = torch.tensor([mine, -mine], dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # [max step, -min step] over ranks
-        if mine < 0 or int(agreed[0]) != mine or -int(agreed[1]) != mine:
-            return None  # someone lacks it (or has another step): fall back to checkpoints
-        assert found is not None
-        state = self.state()
-        restored = snapshot.restore_local(state, self.snaps.load(found)["state"])
-        set_state_dict(
-            self.parts.owner,
-            self.parts.optimizer,
-            model_state_dict=restored["model"],
-            optim_state_dict=restored["optim"],
-        )
-        log.info("resumed from the in-memory snapshot of step %d (%s)", found.step, found.path)
-        return found.step
+        first = self.snaps.restore(checkpoint_step=max(committed, default=0))
+        if first is None:
+            return None
+        log.info("resumed from the in-memory snapshot of step %d", first - 1)
+        return first - 1
 
     def _snapshot(self, step: int) -> None:
-        if self.snaps is not None:
-            self.snaps.save(step, {"state": snapshot.local_copy(self.state())})
+        self.snaps.save(step)
 
     # ----- one step -----------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -392,6 +382,7 @@ class Trainer:
         """Finish the save in flight, then drop model and optimizer (before the group goes)."""
         if self.ckpt is not None:
             self.ckpt.wait(timeout_s)
+        self.snaps.close(timeout_s)
         self.data.close()
         del self.parts
         self.tele.shutdown()
