@@ -6,6 +6,7 @@
 (function () {
   const V = window.vigil;
   const PAD = { l: 96, r: 8, t: 6, b: 22 };
+  const MAX_PLOT_ROWS = 520; // the plot's tallest height in CSS pixels
 
   function decode(buffer) {
     const length = new DataView(buffer).getUint32(0, true);
@@ -47,8 +48,15 @@
       this.bind();
     }
 
+    // At most one cell per CSS pixel of the plot (and 500 columns: ~1 MB of float32 cells for
+    // a 10,000-rank job), so nothing is fetched that the canvas cannot show.
+    budget() {
+      const width = this.canvas.parentElement.clientWidth || 800;
+      return { max_cols: Math.max(1, Math.min(500, width - PAD.l - PAD.r)), max_rows: MAX_PLOT_ROWS };
+    }
+
     params(extra) {
-      const q = new URLSearchParams({ metric: this.metric, group: this.group });
+      const q = new URLSearchParams(Object.assign({ metric: this.metric, group: this.group }, this.budget()));
       const w = Object.assign({}, this.window || {}, extra || {});
       for (const [k, v] of Object.entries(w)) if (v !== null && v !== undefined) q.set(k, v);
       return V.apiJob(this.job) + "/heatmap?" + q.toString();
@@ -105,7 +113,8 @@
     draw() {
       const ratio = window.devicePixelRatio || 1;
       const width = this.canvas.parentElement.clientWidth || 800;
-      const height = Math.max(240, Math.min(560, 16 * (this.data ? this.data.header.num_rows : 10) + PAD.t + PAD.b));
+      const rows = this.data ? this.data.header.num_rows : 10;
+      const height = Math.max(240, Math.min(MAX_PLOT_ROWS, 16 * rows) + PAD.t + PAD.b);
       this.cssWidth = width;
       this.cssHeight = height;
       this.canvas.width = Math.floor(width * ratio);
@@ -246,8 +255,10 @@
       cv.addEventListener("dblclick", () => this.reset());
     }
 
+    // The window asked for last (a zoom may still be on its way), else the one shown.
     current() {
       const h = this.data.header;
+      if (this.window) return Object.assign({ total_rows: h.total_rows }, this.window);
       return { step_start: h.step_start, step_end: h.step_end, row_start: h.row_start, row_end: h.row_end, total_rows: h.total_rows };
     }
 
