@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from vigil import schema, sender
+from vigil.agent import rundir
 from vigil.env import EnvVar
 
-# /dev/shm is RAM-backed on Linux, so a wedged process's last page write is visible to the agent
-# immediately and the page costs no disk I/O.
-DEFAULT_PROGRESS_DIR = Path("/dev/shm/vigil")
+# The progress root when $VIGIL_PROGRESS_DIR is unset (rundir.py says why /dev/shm).
+DEFAULT_PROGRESS_DIR = rundir.DEFAULT_ROOT
 # 4096 collective events cover several steps of a deep FSDP/TP model (hundreds of collectives per
 # step) at ~200 bytes each: under 1 MiB of shared memory per rank.
 DEFAULT_RING_CAPACITY = 4096
@@ -60,7 +60,10 @@ class SdkConfig:
     # With a collector, also write the JSON lines under output_dir (a local copy that
     # `vigil analyze` reads); without one they are always written.
     also_jsonl: bool = False
-    progress_dir: Path = DEFAULT_PROGRESS_DIR
+    # The progress root ($VIGIL_PROGRESS_DIR, else /dev/shm/vigil); this run's folder in it is
+    # <progress_dir>/<job>/<run_id>, with run_id "" worked out from the launcher's environment.
+    progress_dir: Path = dataclasses.field(default_factory=rundir.progress_root)
+    run_id: str = ""
     spool_dir: Path | None = None
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     # The most shutdown() (or the exit hook) waits for the collector, in all.
@@ -92,6 +95,10 @@ class SdkConfig:
         _require(
             "/" not in self.job and self.job not in (".", ".."),
             f"job {self.job!r} must not contain '/' (it names a folder)",
+        )
+        _require(
+            not self.run_id or rundir.safe_name(self.run_id) == self.run_id,
+            f"run_id {self.run_id!r} must be a plain folder name ([A-Za-z0-9._-], 1..64)",
         )
         _require(self.world_size >= 1, f"world_size must be >= 1, got {self.world_size}")
         _require(
@@ -128,7 +135,8 @@ class AgentConfig:
     """The node agent daemon's settings (`vigil agent`)."""
 
     node: str
-    progress_dir: Path = DEFAULT_PROGRESS_DIR
+    # The same root as the ranks': $VIGIL_PROGRESS_DIR, else /dev/shm/vigil.
+    progress_dir: Path = dataclasses.field(default_factory=rundir.progress_root)
     output_dir: Path | None = None
     collector: str | None = None
     token: str | None = None
@@ -157,7 +165,8 @@ class AgentConfig:
     stack_timeout_s: float = 20.0
     use_nvml: bool = True
     # Pages of exited processes are exported for 10 minutes (a dashboard shows how a job ended),
-    # then deleted from /dev/shm so a node running many jobs does not fill its RAM disk.
+    # then deleted from /dev/shm so a node running many jobs does not fill its RAM disk; a run's
+    # folder goes once its processes are gone, its spools replayed and this long has passed.
     page_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:

@@ -1,9 +1,11 @@
 """The node agent: one per host, beside the training processes.
 
-Each poll it reads every local rank's progress page, feeds the watchdog, and on a suspected hang
-collects the rank's stacks (py-spy, faulthandler fallback) and collective ring buffer and ships
-them as evidence (a `hang` Finding whose evidence note holds the stacks, the ring's
-CollectiveEvents and a Heartbeat). Each sample interval it samples NVML (or the host) and queues
+Each poll it reads every local rank's progress page (`<progress_dir>/<job>/<run>/`), feeds the
+watchdog, and on a suspected hang collects the rank's stacks (py-spy, faulthandler fallback) and
+collective ring buffer and ships them as evidence (a `hang` Finding whose evidence note holds the
+stacks, the ring's CollectiveEvents and a Heartbeat); the stacks are also saved with the run they
+came from (`stacks_dir`). It removes run folders whose processes are gone after `page_ttl_s`
+(`rundir.expire`). Each sample interval it samples NVML (or the host) and queues
 `Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
 through the same queue/flusher/shipper as the SDK (spooling while the collector is away); on the
 flusher thread it also replays the spools exited ranks and `vigil diag` runs left behind
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from vigil.agent import (
     exporter,
     orphans,
     progress,
+    rundir,
     sampler,
     sinks,
     stacks,
@@ -50,14 +52,7 @@ class _Tracked:
     exit_seen: bool = False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+_alive = rundir.pid_alive
 
 
 class Agent:
@@ -66,12 +61,14 @@ class Agent:
         cfg: config.AgentConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         host: sampler.HostSampler | None = None,
         gpus: sampler.NvmlSampler | bool | None = True,
         capture: Callable[..., stacks.Stacks] = stacks.capture,
     ) -> None:
         self.cfg = cfg
         self._clock = clock
+        self._wall = wall_clock
         self._capture = capture
         self.host = host or sampler.HostSampler()
         self.gpus = sampler.open_nvml(enabled=cfg.use_nvml) if gpus is True else gpus or None
@@ -200,7 +197,15 @@ class Agent:
             if suspect is not None:
                 found.append(suspect)
                 self._handle_hang(suspect, tracked)
+        self._expire_runs()
         return found
+
+    def _expire_runs(self) -> None:
+        """Remove the run folders whose processes are gone (after page_ttl_s; spools replayed)."""
+        try:
+            rundir.expire(self.cfg.progress_dir, ttl_s=self.cfg.page_ttl_s, now_s=self._wall())
+        except OSError as exc:
+            log.warning("cannot expire progress folders under %s: %s", self.cfg.progress_dir, exc)
 
     def _exited(self, path: Path, tracked: _Tracked, snap: progress.PageSnapshot) -> None:
         """A rank's process is gone: report a crash once, delete the page after its TTL."""
@@ -222,11 +227,11 @@ class Agent:
             self.flusher.flush_soon()
         tracked.exit_seen = True
         tracked.hung = False
-        if time.time() - snap.progress_wall_s >= self.cfg.page_ttl_s:
+        if self._wall() - snap.progress_wall_s >= self.cfg.page_ttl_s:
             tracked.reader.close()
             del self._tracked[path]
             self.watchdog.forget(snap.job, snap.rank)
-            for leftover in (path, path.with_suffix(".stacks")):
+            for leftover in (path, path.with_suffix(rundir.STACKS_SUFFIX)):
                 leftover.unlink(missing_ok=True)
             log.info("removed the page of exited rank %d of %s", snap.rank, snap.job)
 
@@ -253,7 +258,7 @@ class Agent:
             snap.last_seq,
             snap.last_op,
         )
-        stacks_file = snap.path.with_suffix(".stacks")
+        stacks_file = snap.path.with_suffix(rundir.STACKS_SUFFIX)
         dump = self._capture(
             snap.pid,
             stacks_file=stacks_file if stacks_file.exists() else None,
@@ -266,14 +271,20 @@ class Agent:
         self.queue.put(_finding(snap, suspect, dump, self.cfg.node, len(events)))
         self.flusher.flush_soon()
 
-    def _save_stacks(self, snap: progress.PageSnapshot, dump: stacks.Stacks) -> None:
-        out = (self.cfg.output_dir or Path("vigil-output")) / snap.job / "stacks"
+    def _save_stacks(self, snap: progress.PageSnapshot, dump: stacks.Stacks) -> Path | None:
+        """Keep the dump with the run it came from (`stacks_dir`); where it went, if anywhere."""
+        out = stacks_dir(snap.path.parent, snap.job, agent_output=self.cfg.output_dir)
+        run = snap.path.parent.name
         try:
             out.mkdir(parents=True, exist_ok=True)
-            name = f"rank-{snap.rank:05d}-{int(time.time())}-{dump.method}.txt"
-            (out / name).write_text(dump.text)
+            # The rank's number last: `vigil analyze` reads it from there (analyzer/stacks.py).
+            path = out / f"stacks-{run}-{int(self._wall())}-{dump.method}-rank-{snap.rank:05d}.txt"
+            path.write_text(dump.text)
         except OSError as exc:
-            log.warning("cannot save stacks of rank %d: %s", snap.rank, exc)
+            log.warning("cannot save stacks of rank %d in %s: %s", snap.rank, out, exc)
+            return None
+        log.info("stacks of rank %d of %s (run %s) saved in %s", snap.rank, snap.job, run, path)
+        return path
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> None:
@@ -329,6 +340,19 @@ class Agent:
             quarantined_batches=stats.quarantined_batches,
             replayed_spools=self.orphans.replayed_spools if self.orphans else 0,
         )
+
+
+def stacks_dir(run_folder: Path, job: str, *, agent_output: Path | None) -> Path:
+    """Where the agent keeps a hung rank's stacks: beside the run's own JSON lines
+    (`<its output_dir>/<job>/stacks`, named in the run's manifest, read by `vigil analyze`);
+    for a run that writes none, under the agent's `--output-dir` (`<job>/<run>/stacks`), else
+    in the run's progress folder (removed with it; the hang finding carries them too)."""
+    named = rundir.read_manifest(run_folder).get("output_dir")
+    if named:
+        return Path(named) / "stacks"
+    if agent_output is not None:
+        return agent_output / job / run_folder.name / "stacks"
+    return run_folder / "stacks"
 
 
 def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:

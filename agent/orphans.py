@@ -1,7 +1,8 @@
 """The node agent's replay of spools that exited ranks (and `vigil diag` runs) left behind.
 
 A rank that exits while the collector is away leaves its last batches (the FINISHED heartbeat
-among them) in `<progress_dir>/<job>/<rank>.spool`; a `vigil diag` run leaves its results in
+among them) in `<progress_dir>/<job>/<run>/<rank>.spool` (its run folder stays until they are
+sent: `rundir.py`); a `vigil diag` run leaves its results in
 `vigil.spool.diag_dir(data_dir)`. Once per agent flush `OrphanSpools` lists those folders (and
 the siblings a sender falls back to while its folder is claimed) and hands them to the core's
 `outbox.Orphans`, which claims the ones whose owner is gone and sends their batches through the
@@ -21,11 +22,11 @@ from vigil import outbox, sender, spool
 
 
 def rank_spools(progress_dir: Path) -> list[Path]:
-    """The ranks' spool folders under the progress root (`<root>/<job>/<rank>.spool`)."""
+    """The ranks' spool folders under the progress root (`<root>/<job>/<run>/<rank>.spool`)."""
     root = Path(progress_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob(f"*/*{spool.SPOOL_SUFFIX}") if p.is_dir())
+    return sorted(p for p in root.glob(f"*/*/*{spool.SPOOL_SUFFIX}") if p.is_dir())
 
 
 class OrphanSpools(outbox.Orphans):

@@ -1,5 +1,5 @@
 """The per-rank progress page: a small mmap'd file in /dev/shm the node agent can read while the
-training process is wedged.
+training process is wedged. Pages live in per-run folders (`rundir.py` names and removes them).
 
 Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
 
@@ -80,8 +80,27 @@ assert _OFF_CONTROL + _CONTROL.size <= _OFF_ACK
 assert 8 + _SLOT.size <= SLOT_SIZE
 
 
-def page_path(progress_dir: Path, job: str, rank: int) -> Path:
-    return Path(progress_dir) / job / f"rank-{rank:05d}{PAGE_SUFFIX}"
+def page_path(progress_dir: Path, job: str, rank: int, run_id: str | None = None) -> Path:
+    """Rank `rank`'s page of run `run_id` of `job` (`<root>/<job>/<run>/`, see `rundir.py`);
+    without a run id, the newest run's page of that rank that exists (FileNotFoundError if none)."""
+    name = f"rank-{rank:05d}{PAGE_SUFFIX}"
+    if run_id is not None:
+        return Path(progress_dir) / job / run_id / name
+    found = sorted(Path(progress_dir).glob(f"{glob_escape(job)}/*/{name}"), key=_mtime)
+    if not found:
+        raise FileNotFoundError(f"no page of rank {rank} of job {job!r} under {progress_dir}")
+    return found[-1]
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _text(raw: bytes) -> str:
@@ -498,9 +517,9 @@ class PageReader:
         self._map.close()
 
 
-def discover(progress_dir: Path) -> list[Path]:
-    """Every rank page under `progress_dir` (one folder per job)."""
+def discover(progress_dir: Path, job: str | None = None) -> list[Path]:
+    """Every rank page under `progress_dir` (`<job>/<run>/rank-NNNNN.page`), or `job`'s alone."""
     root = Path(progress_dir)
     if not root.is_dir():
         return []
-    return sorted(root.glob(f"*/*{PAGE_SUFFIX}"))
+    return sorted(root.glob(f"{'*' if job is None else glob_escape(job)}/*/*{PAGE_SUFFIX}"))

@@ -17,6 +17,7 @@ session and nothing else.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import sys
@@ -36,6 +37,19 @@ _session: session.Session | None = None
 CONTROL_KINDS = ("checkpoint", "dump_stacks")
 
 
+class FromEnvironment(enum.Enum):
+    """The type of `FROM_ENV`: "take this setting from the environment" (None means none)."""
+
+    FROM_ENV = "from the environment"
+
+    def __repr__(self) -> str:
+        return "vigil.agent.sdk.FROM_ENV"
+
+
+# `init(collector=...)`'s default: $VIGIL_COLLECTOR_URL when set; None means no collector at all.
+FROM_ENV = FromEnvironment.FROM_ENV
+
+
 def _identity(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
     import torch.distributed as dist
 
@@ -51,7 +65,7 @@ def _identity(rank: int | None, world_size: int | None) -> tuple[int, int, int]:
 def init(
     *,
     job: str,
-    collector: str | None = None,
+    collector: str | FromEnvironment | None = FROM_ENV,
     output_dir: str | os.PathLike[str] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
@@ -63,10 +77,20 @@ def init(
 ) -> session.Session | None:
     """Start this process's session (idempotent: a second call returns the first session).
 
-    `collector` defaults to $VIGIL_COLLECTOR_URL; without one, JSON lines go under `output_dir`
-    (default $VIGIL_OUTPUT_DIR, else ./vigil-output). More options are `SdkConfig` fields
-    (progress_dir, ring_capacity, flush_interval_s, measure_flops, ...). Fail-open: bad options
-    or a failing start are logged as errors and return None; training runs on without vigil.
+    `collector`: the collector's URL; None: no collector, whatever the environment says; left
+    out (`FROM_ENV`): $VIGIL_COLLECTOR_URL when set, else none. Without one, JSON lines go under
+    `output_dir` (default $VIGIL_OUTPUT_DIR, else ./vigil-output). More options are `SdkConfig`
+    fields (progress_dir, run_id, ring_capacity, flush_interval_s, measure_flops, ...).
+
+    Progress pages, stack dumps and (with a collector) the spool live in this run's folder
+    `<progress_dir>/<job>/<run_id>/`: `progress_dir` defaults to $VIGIL_PROGRESS_DIR, else
+    /dev/shm/vigil; `run_id` to $VIGIL_RUN_ID, else torchrun's run id, MASTER_ADDR:MASTER_PORT,
+    the pid (one process alone) or the process group (`vigil.agent.rundir.run_id`). A clean
+    `shutdown()` removes the folder once the run's last local rank is done; batches still
+    spooled there stay for the node agent to send.
+
+    Fail-open: bad options or a failing start are logged as errors and return None; training
+    runs on without vigil.
     """
     global _session
     if _session is not None:
@@ -99,7 +123,7 @@ def init(
 
 def _config(
     job: str,
-    collector: str | None,
+    collector: str | FromEnvironment | None,
     output_dir: str | os.PathLike[str] | None,
     rank: int | None,
     world_size: int | None,
@@ -112,12 +136,16 @@ def _config(
     rank, world_size, local_rank = _identity(rank, world_size)
     env_out = os.environ.get(EnvVar.OUTPUT_DIR)
     more_keyword_options.setdefault("local_rank", local_rank)
+    if collector is FROM_ENV:
+        collector = os.environ.get(EnvVar.COLLECTOR_URL) or None
+    elif collector is not None and not isinstance(collector, str):
+        raise TypeError(f"collector must be a URL, None or left out, not {collector!r}")
     return config.SdkConfig(
         job=job,
         rank=rank,
         world_size=world_size,
         node=node or config.default_node(),
-        collector=collector or os.environ.get(EnvVar.COLLECTOR_URL) or None,
+        collector=collector or None,
         token=more_keyword_options.pop("token", None) or os.environ.get(EnvVar.TOKEN),
         output_dir=Path(output_dir) if output_dir else Path(env_out) if env_out else None,
         model_shape=model_shape,

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import torch
 
-from vigil import outbox, schema
+from vigil import outbox, schema, spool
 from vigil.agent import (
     background,
     collectives,
@@ -38,8 +38,10 @@ from vigil.agent import (
     patching,
     phases,
     progress,
+    rundir,
     sinks,
 )
+from vigil.env import EnvVar
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +107,12 @@ class Session:
         self._wall_offset = time.time() - clock()
         self.internal_errors = 0
         self._lock = threading.Lock()
-        self.page = progress.PageWriter(
-            progress.page_path(cfg.progress_dir, cfg.job, cfg.rank),
-            job=cfg.job,
-            node=cfg.node,
-            rank=cfg.rank,
-            world_size=cfg.world_size,
-            local_rank=cfg.local_rank,
-            capacity=cfg.ring_capacity,
+        self.run_id = cfg.run_id or rundir.run_id(
+            os.environ, world_size=cfg.world_size, pid=os.getpid(), pgid=os.getpgid(0)
         )
+        # This run's own folder: its ranks on this node share it, other runs never do.
+        self.run_dir = rundir.run_path(cfg.progress_dir, cfg.job, self.run_id)
+        self.page = self._open_page()
         self.queue = sinks.RecordQueue(cfg.max_queued_records)
         self.recorder = collectives.CollectiveRecorder(
             page=self.page,
@@ -174,6 +173,37 @@ class Session:
         atexit.register(self._at_exit)
 
     # -- set-up ---------------------------------------------------------------------------
+    def _open_page(self) -> progress.PageWriter:
+        cfg = self.cfg
+        for attempt in range(3):  # the agent may expire a dead earlier attempt's folder meanwhile
+            rundir.make_dir(self.run_dir)
+            try:
+                rundir.write_manifest(
+                    self.run_dir,
+                    job=cfg.job,
+                    run=self.run_id,
+                    output_dir=self._output_dir() if self._writes_jsonl() else None,
+                )
+                return progress.PageWriter(
+                    self.run_dir / f"{cfg.rank_tag}{progress.PAGE_SUFFIX}",
+                    job=cfg.job,
+                    node=cfg.node,
+                    rank=cfg.rank,
+                    world_size=cfg.world_size,
+                    local_rank=cfg.local_rank,
+                    capacity=cfg.ring_capacity,
+                )
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _writes_jsonl(self) -> bool:
+        return not self.cfg.collector or self.cfg.also_jsonl
+
+    def _own_spool(self) -> Path:
+        return self.cfg.spool_dir or self.run_dir / f"{self.cfg.rank_tag}{spool.SPOOL_SUFFIX}"
+
     def _resolve_peak(self) -> tuple[str, float]:
         kind, measured = mfu.device_peak(
             measure_cpu=self.cfg.measure_cpu_peak and self.cfg.peak_flops is None
@@ -190,11 +220,10 @@ class Session:
     def _make_sink(self) -> sinks.Sink:
         cfg = self.cfg
         if cfg.collector:
-            spool = cfg.spool_dir or (cfg.progress_dir / cfg.job / f"{cfg.rank_tag}.spool")
             self.shipper = outbox.Outbox(
                 config.ShipperConfig(
                     collector_url=cfg.collector,
-                    spool_dir=spool,
+                    spool_dir=self._own_spool(),
                     token=cfg.token,
                     spool_max_bytes=cfg.spool_max_bytes,
                     max_server_errors=cfg.max_server_errors,
@@ -207,7 +236,13 @@ class Session:
         return self._jsonl_sink()
 
     def _jsonl_sink(self) -> sinks.JsonlSink:
-        return sinks.JsonlSink(self._output_dir() / f"{self.cfg.rank_tag}.jsonl")
+        # One file per attempt under a restarting launcher (vigil run, torchrun): a restarted
+        # rank never appends to the attempt before it, and `vigil analyze` tells them apart.
+        attempt = os.environ.get(EnvVar.RESTART_COUNT) or os.environ.get(
+            "TORCHELASTIC_RESTART_COUNT", "0"
+        )
+        tag = f".attempt-{attempt}" if attempt.isdigit() and int(attempt) > 0 else ""
+        return sinks.JsonlSink(self._output_dir() / f"{self.cfg.rank_tag}{tag}.jsonl")
 
     def _output_dir(self) -> Path:
         return (self.cfg.output_dir or Path("vigil-output")) / self.cfg.job
@@ -215,7 +250,7 @@ class Session:
     def _open_stacks_file(self) -> IO[str] | None:
         if not self.cfg.stack_signal:
             return None
-        path = self.cfg.progress_dir / self.cfg.job / f"{self.cfg.rank_tag}.stacks"
+        path = self.run_dir / f"{self.cfg.rank_tag}{rundir.STACKS_SUFFIX}"
         handle = open(path, "a")  # noqa: SIM115 - faulthandler writes to it until shutdown
         try:
             faulthandler.register(self.cfg.stack_signal, file=handle, all_threads=True)
@@ -453,3 +488,19 @@ class Session:
             self._stacks_file.close()
         self.background.close()
         self.page.close()
+        if state is schema.RankState.FINISHED:
+            self._release_run_dir()
+
+    def _release_run_dir(self) -> None:
+        """A clean end: this rank's page and stacks go (a failed rank's stay as the agent's
+        evidence), its spool when drained; the last local rank of the run removes the folder."""
+        own = [self.page.path, self.page.path.with_suffix(rundir.STACKS_SUFFIX)]
+        if self.cfg.spool_dir is None:  # a spool the user placed elsewhere is theirs
+            own += spool.siblings(self._own_spool())
+        me = os.getpid()
+        try:
+            rundir.release(
+                self.run_dir, own=own, alive=lambda pid: pid != me and rundir.pid_alive(pid)
+            )
+        except OSError as exc:
+            log.warning("cannot clean up the progress folder %s: %s", self.run_dir, exc)

@@ -1,7 +1,10 @@
 """Ask a running job to checkpoint now, through the SDK's progress pages (the control channel).
 
-The controller writes a "checkpoint" request into every local rank's page; the SDK runs the job's
-registered callback at its next step boundary and acknowledges. Given `latest_committed` (how the
+The controller writes a "checkpoint" request into every local rank's page (the pages of the job's
+live processes under the progress root, `<root>/<job>/<run>/`, or one run's alone when `run_id`
+is given); the SDK runs the job's registered callback at its next step boundary and acknowledges.
+Pages that exited processes left (an earlier attempt's, a crashed rank's) are skipped: they
+would never acknowledge. Given `latest_committed` (how the
 job tells its newest committed checkpoint), the request succeeds only once a newer one exists;
 otherwise the acknowledgements are the answer. Bounded by a timeout.
 """
@@ -11,18 +14,42 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from vigil.agent import progress
+from vigil.agent import progress, rundir
 
 log = logging.getLogger(__name__)
 
 
+def live_pages(progress_dir: Path, job_id: str, run_id: str | None = None) -> list[Path]:
+    """The pages of `job_id`'s live local ranks (of run `run_id` alone when given)."""
+    if run_id is None:
+        pages = progress.discover(progress_dir, job_id)
+    else:
+        folder = rundir.run_path(progress_dir, job_id, run_id)
+        pages = sorted(folder.glob(f"*{progress.PAGE_SUFFIX}")) if folder.is_dir() else []
+    return [p for p in pages if rundir.pid_alive(_pid(p))]
+
+
+def _pid(page: Path) -> int:
+    try:
+        reader = progress.PageReader(page)
+    except (OSError, ValueError):
+        return -1
+    try:
+        return int(reader.pid)
+    finally:
+        reader.close()
+
+
 @dataclass(kw_only=True)
 class PageCheckpointer:
-    progress_dir: Path
     job_id: str
+    # The ranks' progress root: $VIGIL_PROGRESS_DIR (as they see it), else /dev/shm/vigil.
+    progress_dir: Path = field(default_factory=rundir.progress_root)
+    # One run's pages only (the ranks' $VIGIL_RUN_ID); None: every live run of the job.
+    run_id: str | None = None
     # Newest committed checkpoint step (-1 for none); None: acknowledgements suffice.
     latest_committed: Callable[[], int] | None = None
     poll_s: float = 0.1
@@ -30,9 +57,11 @@ class PageCheckpointer:
     sleep: Callable[[float], None] = time.sleep
 
     def request(self, *, timeout_s: float) -> bool:
-        pages = sorted((self.progress_dir / self.job_id).glob(f"*{progress.PAGE_SUFFIX}"))
+        pages = live_pages(self.progress_dir, self.job_id, self.run_id)
         if not pages:
-            log.warning("no progress pages for job %s under %s", self.job_id, self.progress_dir)
+            log.warning(
+                "no live progress pages for job %s under %s", self.job_id, self.progress_dir
+            )
             return False
         before = self.latest_committed() if self.latest_committed else -1
         readers, wanted = [], {}

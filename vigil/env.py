@@ -31,6 +31,12 @@ class EnvVar(enum.StrEnum):
     NODE = "VIGIL_NODE"
     # Set by `vigil run`: the job id, so every rank reports under the same job.
     JOB = "VIGIL_JOB"
+    # Root of the SDK's per-run progress folders (pages, stacks, spools) that the node agent reads;
+    # ranks and agent must agree on it, and a node without /dev/shm (or a test) needs another.
+    PROGRESS_DIR = "VIGIL_PROGRESS_DIR"
+    # Names this run's progress folder (<root>/<job>/<run>/) when the launcher sets it, so two runs
+    # of one job on a node never share pages; else torchrun's run id or MASTER_ADDR:PORT decides.
+    RUN_ID = "VIGIL_RUN_ID"
     # Where per-step in-memory snapshots live (node shared memory; default /dev/shm).
     SNAPSHOT_DIR = "VIGIL_SNAPSHOT_DIR"
     # Set by `vigil run` for each rank's `sh` wrapper: the file it leaves "<exit code> <time>" in,

@@ -11,8 +11,10 @@ under OUT_DIR and leaves each rank's progress page (with its ring buffer) under 
 from __future__ import annotations
 
 import datetime
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -151,6 +153,13 @@ def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
         if rank == LATE_RANK:
             time.sleep(LATE_S)
         dist.all_reduce(torch.ones(16))
+    # A copy of the page for the test to read the ring from: a clean shutdown removes the run's
+    # progress folder (the last rank out), page and all.
+    session = vigil.agent.current()
+    assert session is not None
+    kept = Path(out) / "kept-pages"
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(session.page.path, kept / session.page.path.name)
     vigil.agent.shutdown()
     dist.barrier()
     dist.destroy_process_group()

@@ -2,7 +2,7 @@
 
     python spool_job.py COLLECTOR_URL PROGRESS_DIR STEPS
 
-Its batches, the FINISHED heartbeat last, stay in `<PROGRESS_DIR>/spooljob/rank-00000.spool`.
+Its batches, the FINISHED heartbeat last, stay in `<PROGRESS_DIR>/spooljob/<run>/rank-00000.spool`.
 """
 
 from __future__ import annotations

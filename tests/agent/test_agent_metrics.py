@@ -74,7 +74,7 @@ class _Nvml:
 
 def _page(tmp_path: Path) -> progress.PageWriter:
     writer = progress.PageWriter(
-        progress.page_path(tmp_path / "pages", "gpt", 5),
+        progress.page_path(tmp_path / "pages", "gpt", 5, "run-1"),
         job="gpt",
         node="n7",
         rank=5,
@@ -118,8 +118,8 @@ def test_a_rank_that_died_is_reported_once_and_its_page_removed(tmp_path: Path) 
         "from pathlib import Path\n"
         "from vigil import schema\n"
         "from vigil.agent import progress\n"
-        "w = progress.PageWriter(progress.page_path(Path(sys.argv[1]), 'gpt', 2), job='gpt',"
-        " node='n7', rank=2, world_size=4, local_rank=2, capacity=16)\n"
+        "w = progress.PageWriter(progress.page_path(Path(sys.argv[1]), 'gpt', 2, 'run-1'),"
+        " job='gpt', node='n7', rank=2, world_size=4, local_rank=2, capacity=16)\n"
         "w.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=time.time(), step=12)\n"
         "w.write_event(0, seq=30, step=12, nbytes=64, enqueue_s=1.0, start_s=1.0, end_s=0.0,"
         " group='world', op='all_gather_single', dtype='bfloat16')\n"
@@ -127,7 +127,7 @@ def test_a_rank_that_died_is_reported_once_and_its_page_removed(tmp_path: Path) 
         " now_wall=time.time())\n"
     )
     subprocess.run([sys.executable, "-c", script, str(pages)], check=True, timeout=60)
-    page = progress.page_path(pages, "gpt", 2)
+    page = progress.page_path(pages, "gpt", 2, "run-1")
     cfg = config.AgentConfig(node="n7", progress_dir=pages, output_dir=tmp_path, page_ttl_s=1e9)
     agent = daemon.Agent(cfg, gpus=None)
     agent.poll()

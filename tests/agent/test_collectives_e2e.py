@@ -33,7 +33,7 @@ class Run:
             self.records[rank] = [
                 codec.decode_json(line) for line in path.read_bytes().splitlines()
             ]
-            reader = progress.PageReader(progress.page_path(pages, JOB, rank))
+            reader = progress.PageReader(out / "kept-pages" / f"rank-{rank:05d}.page")
             self.events[rank] = reader.events()
             reader.close()
 
@@ -54,6 +54,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     out, pages = base / "out", base / "pages"
     procs = conftest.launch("dist_scenarios.py", WORLD, [str(out), str(pages)], log_dir=base)
     conftest.wait_all(procs, timeout_s=150, log_dir=base)
+    # Every rank ended cleanly: the last one out removed the run's progress folder.
+    assert pages.is_dir() and list(pages.iterdir()) == []
     return Run(out, pages)
 
 

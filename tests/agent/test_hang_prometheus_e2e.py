@@ -141,7 +141,8 @@ def test_agent_flags_the_hang_with_stacks_and_ring(scene: Scene) -> None:
     assert "all_reduce" in findings[0].evidence[0].note  # rank 0 is stuck inside the collective
     events = [r for r in scene.agent_records() if isinstance(r, schema.CollectiveEvent)]
     assert {(e.rank, e.seq) for e in events} >= {(0, HANG_STEP + 1), (1, HANG_STEP)}
-    stack_files = list((scene.out / JOB / "stacks").glob("rank-00001-*-py-spy.txt"))
+    # Saved beside the run's own JSON lines (its manifest names them), where `vigil analyze` looks.
+    stack_files = list((scene.out / JOB / "stacks").glob("stacks-*-py-spy-rank-00001.txt"))
     assert stack_files and "hang_here" in stack_files[0].read_text()
 
 

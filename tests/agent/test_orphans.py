@@ -9,8 +9,10 @@ the diag run are real processes that exit; the agents and the collector stand-in
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ import pytest
 import vigil.agent
 from tests.agent import conftest, receiver
 from vigil import schema, spool
-from vigil.agent import config, daemon, orphans
+from vigil.agent import config, daemon, orphans, rundir
+from vigil.env import EnvVar
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +40,14 @@ def test_the_agent_replays_an_exited_ranks_spool_once(tmp_path: Path) -> None:
     pages, port, steps = tmp_path / "pages", conftest.free_port(), 12
     url = f"http://127.0.0.1:{port}"  # nobody listens yet: the collector is down at exit
     job = [sys.executable, str(conftest.HERE / "spool_job.py"), url, str(pages), str(steps)]
-    subprocess.run(job, check=True, timeout=120)
-    left = pages / "spooljob" / "rank-00000.spool"
+    env = {**os.environ, EnvVar.RUN_ID: "run-a"}
+    subprocess.run(job, check=True, timeout=120, env=env)
+    run_folder = pages / "spooljob" / "run-a"
+    left = run_folder / "rank-00000.spool"
     assert list(left.glob("*.vgl")), "the rank left nothing in its spool"
+    # A clean end removed the page, but not the folder: its spool still holds batches.
+    assert not (run_folder / "rank-00000.page").exists()
+    assert rundir.expire(pages, ttl_s=0.0, now_s=time.time() + 3600) == []
 
     first, second = _agent(pages, url, "a"), _agent(pages, url, "b")
     try:
@@ -58,6 +66,9 @@ def test_the_agent_replays_an_exited_ranks_spool_once(tmp_path: Path) -> None:
     assert _orphans(first).replayed_spools == 1 and _orphans(second).replayed_spools == 0
     assert not left.exists()
     assert len(set(collector.batch_ids)) == len(collector.batch_ids) == collector.requests
+    # Replayed: nothing in the folder is in use now, so the agent's sweep removes it.
+    assert rundir.expire(pages, ttl_s=0.0, now_s=time.time()) == [run_folder]
+    assert not (pages / "spooljob").exists()
     step_records = [r.step for r in collector.records if isinstance(r, schema.StepRecord)]
     assert sorted(step_records) == list(range(steps))
     beats = [r for r in collector.records if isinstance(r, schema.Heartbeat)]

@@ -16,7 +16,7 @@ from vigil.agent import progress
 
 def _writer(tmp_path: Path, capacity: int = 16) -> progress.PageWriter:
     return progress.PageWriter(
-        progress.page_path(tmp_path, "job", 3),
+        progress.page_path(tmp_path, "job", 3, "run-1"),
         job="job",
         node="n1",
         rank=3,
@@ -108,8 +108,8 @@ def test_control_request_round_trip(tmp_path: Path) -> None:
 
 
 def test_reader_refuses_a_file_that_is_not_a_page(tmp_path: Path) -> None:
-    bogus = tmp_path / "job" / "rank-00000.page"
-    bogus.parent.mkdir()
+    bogus = tmp_path / "job" / "run-1" / "rank-00000.page"
+    bogus.parent.mkdir(parents=True)
     bogus.write_bytes(b"\0" * 4096)
     with pytest.raises(ValueError, match="not a vigil progress page"):
         progress.PageReader(bogus)

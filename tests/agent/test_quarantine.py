@@ -118,7 +118,7 @@ def test_transient_failures_never_quarantine(tmp_path: Path) -> None:
 
 
 def test_quarantines_are_counted_on_the_page_and_in_metrics(tmp_path: Path) -> None:
-    path = progress.page_path(tmp_path, "j", 0)
+    path = progress.page_path(tmp_path, "j", 0, "run-1")
     page = progress.PageWriter(
         path, job="j", node="n", rank=0, world_size=1, local_rank=0, capacity=16
     )

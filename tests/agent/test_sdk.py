@@ -176,8 +176,9 @@ def test_stacks_on_signal_and_ring_dump_when_the_loop_stalls(dirs: tuple[Path, P
     assert "test_stacks_on_signal" in stacks.read_text()
     with vigil.agent.step(1):
         time.sleep(1.0)  # no progress for longer than the 0.3 s threshold
-    vigil.agent.shutdown()
     assert "no progress for" in stacks.read_text()
+    vigil.agent.shutdown()  # a clean end: the run's folder goes with its stacks
+    assert not stacks.exists() and not session.run_dir.exists()
 
 
 def test_internal_errors_are_counted_and_training_goes_on(dirs: tuple[Path, Path]) -> None:

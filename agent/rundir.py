@@ -1,0 +1,316 @@
+"""Per-run progress folders: where a run's pages live, how they are named, when they go away.
+
+Layout under the progress root (`$VIGIL_PROGRESS_DIR`, else /dev/shm/vigil):
+
+    <root>/<job>/<run id>/rank-NNNNN.page     each local rank's progress page (`progress.py`)
+                          rank-NNNNN.stacks   its faulthandler stack dumps
+                          rank-NNNNN.spool/   its undelivered batches (with a collector)
+                          run.json            job, run id, the run's output folder (for the agent)
+
+One folder per run, not per job: two runs of one job on a node (a re-run while the old one
+drains, a test beside a demo) never share pages, stacks or spools. Every rank of one run on one
+node must land in the same folder (the node agent reads them together), so the run id comes from
+what a launcher gives all of a run's ranks alike and no other run at the same time (`run_id`).
+
+Clean-up: a rank that finishes cleanly removes its own files, and the last one out removes the
+folder (`release`); a folder still holding a live process's page, a crashed rank's page (the
+agent's evidence), or a spool with batches in it is left for the node agent, which removes it
+once nothing in it is in use and its last activity is older than its TTL (`expire`). A spool
+with batches is never removed here: the agent replays it first (`orphans.py`).
+
+File handling only (no torch, no threads, no network); liveness is a parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from vigil import schema, spool
+from vigil.agent import progress
+from vigil.env import EnvVar
+
+log = logging.getLogger(__name__)
+
+# /dev/shm is RAM-backed on Linux, so a wedged process's last page write is visible to the agent
+# immediately and the page costs no disk I/O.
+DEFAULT_ROOT = Path("/dev/shm/vigil")
+MANIFEST = "run.json"
+STACKS_SUFFIX = ".stacks"
+_SAFE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+# torchrun's --rdzv-id when none is given (static rendezvous): the same for every run.
+_TORCHELASTIC_UNSET = "none"
+
+
+def progress_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The progress root: `$VIGIL_PROGRESS_DIR` (made absolute), else /dev/shm/vigil."""
+    env = os.environ if environ is None else environ
+    value = env.get(EnvVar.PROGRESS_DIR, "").strip()
+    return Path(value).absolute() if value else DEFAULT_ROOT
+
+
+def safe_name(text: str) -> str:
+    """`text` as one folder name: kept when plain, else its plain characters and a hash."""
+    if _SAFE.fullmatch(text):
+        return text
+    digest = hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", text).strip(".")[:48]
+    return f"{plain}-{digest}" if plain else digest
+
+
+def run_id(
+    environ: Mapping[str, str],
+    *,
+    world_size: int,
+    pid: int,
+    pgid: int,
+) -> str:
+    """The run id every rank of one run on one node derives alike, and no concurrent run shares.
+
+    In order: `$VIGIL_RUN_ID` (a launcher's own name for the run); torchrun's
+    `$TORCHELASTIC_RUN_ID` (its rendezvous id, when one was given: `--standalone` makes a fresh
+    one); `$MASTER_ADDR`/`$MASTER_PORT` (two live runs cannot share a rendezvous store's
+    address, and `vigil run` picks a fresh port per attempt); a single process alone, its pid;
+    else the process group (ranks forked by `torch.multiprocessing.spawn` share their parent's).
+    """
+    explicit = environ.get(EnvVar.RUN_ID, "").strip()
+    if explicit:
+        return safe_name(explicit)
+    elastic = environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic != _TORCHELASTIC_UNSET:
+        return safe_name(f"te-{elastic}")
+    port = environ.get("MASTER_PORT", "").strip()
+    if port:
+        return safe_name(f"m-{environ.get('MASTER_ADDR', '').strip() or 'localhost'}-{port}")
+    if world_size == 1:
+        return f"p-{pid}"
+    return f"pg-{pgid}"
+
+
+def run_path(root: Path, job: str, run: str) -> Path:
+    return Path(root) / job / run
+
+
+def job_runs(root: Path, job: str) -> list[Path]:
+    """The run folders of `job` under `root`, oldest first."""
+    folder = Path(root) / job
+    if not folder.is_dir():
+        return []
+    runs = [p for p in folder.iterdir() if p.is_dir()]
+    return sorted(runs, key=_mtime)
+
+
+def make_dir(path: Path) -> None:
+    """`mkdir -p` that survives another run removing the (empty) job folder meanwhile."""
+    for _ in range(5):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:  # a parent went between its creation and ours
+            continue
+    path.mkdir(parents=True, exist_ok=True)
+
+
+# -- the run manifest -----------------------------------------------------------------------
+def write_manifest(folder: Path, *, job: str, run: str, output_dir: Path | None) -> None:
+    """What the node agent needs to know about the run: where its output (and stacks) go."""
+    body = {
+        "job": job,
+        "run_id": run,
+        "output_dir": str(output_dir.absolute()) if output_dir is not None else None,
+    }
+    tmp = folder / f"{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, folder / MANIFEST)  # every rank writes the same; readers see a whole one
+
+
+def read_manifest(folder: Path) -> dict[str, str | None]:
+    """The run's manifest, {} when it has none or an unreadable one."""
+    try:
+        body = json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    return {k: v for k, v in body.items() if isinstance(v, str) or v is None}
+
+
+# -- what is in use -------------------------------------------------------------------------
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def spool_locked(folder: Path) -> bool:
+    """True while a process holds the spool's owner lock (its sender, or an agent replaying)."""
+    try:
+        fd = os.open(Path(folder) / spool.OWNER_FILE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # closing the fd releases a lock taken here
+    return False
+
+
+def spool_holds_batches(folder: Path) -> bool:
+    """True when the spool still holds batches to send or quarantined ones to look at."""
+    folder = Path(folder)
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            if entry.suffix == ".vgl":
+                return True
+            if entry.name == spool.QUARANTINE_DIR and any(entry.iterdir()):
+                return True
+    return False
+
+
+def _spool_in_use(folder: Path) -> bool:
+    return spool_locked(folder) or spool_holds_batches(folder)
+
+
+class _Page:
+    """What clean-up needs of a page: its process and whether that process ended cleanly."""
+
+    def __init__(self, path: Path) -> None:
+        self.pid, self.finished, self.progress_wall_s = -1, False, 0.0
+        try:
+            reader = progress.PageReader(path)
+        except (OSError, ValueError):
+            return
+        try:
+            snap = reader.snapshot()
+            self.pid = snap.pid
+            self.finished = snap.state is schema.RankState.FINISHED
+            self.progress_wall_s = snap.progress_wall_s
+        except (OSError, ValueError, TimeoutError):
+            pass
+        finally:
+            reader.close()
+
+
+def _folders(parent: Path) -> list[Path]:
+    """Sub-folders that are not spools (the agent's own spool sits in the root)."""
+    with contextlib.suppress(OSError):
+        return sorted(
+            p for p in parent.iterdir() if p.is_dir() and not p.name.endswith(spool.SPOOL_SUFFIX)
+        )
+    return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the job folder, once its last run is gone
+        folder.parent.rmdir()
+
+
+def remove_drained_spool(folder: Path) -> bool:
+    """Remove a spool folder that holds nothing and that nobody holds; True when removed."""
+    folder = Path(folder)
+    if not folder.is_dir() or _spool_in_use(folder):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
+
+
+def release(
+    folder: Path,
+    *,
+    own: Iterable[Path],
+    alive: Callable[[int], bool] = pid_alive,
+) -> bool:
+    """A cleanly finished rank leaves: its `own` files go, and the folder goes when nothing in
+    it is in use any more (no live process's page, no crashed rank's page, no spool holding
+    batches or held by a process). True when the folder was removed."""
+    folder = Path(folder)
+    for path in own:
+        if path.is_dir():
+            remove_drained_spool(path)
+        else:
+            path.unlink(missing_ok=True)
+    if not folder.is_dir() or _in_use(folder, alive=alive, keep_crashed=True):
+        return False
+    _remove(folder)
+    log.debug("removed the progress folder %s", folder)
+    return True
+
+
+def _in_use(folder: Path, *, alive: Callable[[int], bool], keep_crashed: bool) -> bool:
+    for entry in folder.iterdir():
+        if entry.name.endswith(spool.SPOOL_SUFFIX) and entry.is_dir():
+            if _spool_in_use(entry):
+                return True
+        elif entry.suffix == progress.PAGE_SUFFIX:
+            page = _Page(entry)
+            if alive(page.pid) or (keep_crashed and not page.finished and page.pid > 0):
+                return True
+    return False
+
+
+def last_activity(folder: Path) -> float:
+    """Wall time of the folder's last sign of life: its entries' mtimes, its pages' progress."""
+    newest = _mtime(folder)
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            newest = max(newest, _mtime(entry))
+            if entry.suffix == progress.PAGE_SUFFIX:
+                newest = max(newest, _Page(entry).progress_wall_s)
+    return newest
+
+
+def expire(
+    root: Path,
+    *,
+    ttl_s: float,
+    now_s: float,
+    alive: Callable[[int], bool] = pid_alive,
+) -> list[Path]:
+    """The node agent's sweep: remove every run folder under `root` whose processes are all
+    gone, whose spools are drained (replayed) and released, and whose last activity is at
+    least `ttl_s` old; the removed folders."""
+    root = Path(root)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for job in _folders(root):
+        for folder in _folders(job):
+            try:
+                if _in_use(folder, alive=alive, keep_crashed=False):
+                    continue
+                if now_s - last_activity(folder) < ttl_s:
+                    continue
+            except OSError:  # removed meanwhile
+                continue
+            _remove(folder)
+            removed.append(folder)
+            log.info("expired the progress folder %s (its processes are gone)", folder)
+        with contextlib.suppress(OSError):
+            if not any(job.iterdir()) and now_s - _mtime(job) >= ttl_s:
+                job.rmdir()
+    return removed
