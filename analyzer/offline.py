@@ -5,7 +5,10 @@ dumps under a path, read them, and collect everything into one `Report` (the det
 Files are recognised by content, not name: `*.jsonl` are SDK record lines (dispatched by their
 `type` tag), JSON starting like a Chrome trace is Kineto, JSON or pickle shaped like torch's
 Flight Recorder output is a dump, and `*stack*.txt` files are per-rank py-spy or faulthandler
-dumps whose stacks are grouped by identity and attached to hang findings. A corrupt or
+dumps whose stacks are grouped by identity and attached to hang findings. A restarted job's
+files (`rank-NNNNN.attempt-A.jsonl`, and the controller's `controller.jsonl` of crashes and
+actions) become its attempts (`attempts`): the detectors see each step as its newest attempt
+trained it, the report shows each attempt, its crash and restart. A corrupt or
 truncated file is reported with its name and the reason, and the remaining files are still
 analysed. Reads the given files only; no other I/O.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from vigil import codec, schema
+from vigil.analyzer import attempts as attempts_mod
 from vigil.analyzer import config as config_mod
 from vigil.analyzer import engine, findings, kineto, kineto_analysis, stacks
 from vigil.analyzer import flight_recorder as fr
@@ -64,6 +68,10 @@ class Report:
     lags: list[kineto_analysis.Lag] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     stack_groups: list[tuple[list[int], tuple[str, ...]]] = field(default_factory=list)
+    # A restarted job's attempts (empty when every job ran once without a crash on record).
+    attempts: list[attempts_mod.Attempt] = field(default_factory=list)
+    # The recovery controller's actions found (controller.jsonl), each in its newest state.
+    actions: list[schema.Action] = field(default_factory=list)
     num_records: int = 0
     num_dumps: int = 0
     files: int = 0
@@ -112,7 +120,7 @@ def analyze_path(
     total = sum(p.stat().st_size for p, _ in files) or 1
     done = 0
     report = Report(files=len(files))
-    records: list[schema.Record] = []
+    tagged: list[tuple[int, schema.Record]] = []
     traces: list[kineto.KinetoTrace] = []
     dumps: dict[Path, list[fr.Dump]] = defaultdict(list)
     rank_stacks: dict[int, tuple[str, ...]] = {}
@@ -121,7 +129,8 @@ def analyze_path(
             progress(done, total, str(p))
         try:
             if kind == "jsonl":
-                records.extend(_read_jsonl(p, report))
+                attempt = attempt_of(p)
+                tagged.extend((attempt, r) for r in _read_jsonl(p, report))
             elif kind == "kineto":
                 traces.append(kineto.load(p))
             elif kind == "stacks":
@@ -134,9 +143,30 @@ def analyze_path(
     if progress is not None:
         progress(total, total, "")
     default_job = job_id or (root.name if root.is_dir() else root.parent.name) or "job"
-    report.num_records = len(records)
-    if records:
+    report.num_records = len(tagged)
+    # The controller's own record: its crash findings are findings; its actions are kept apart.
+    controller_findings = [r for _, r in tagged if isinstance(r, schema.Finding)]
+    report.actions = attempts_mod.final_actions(r for _, r in tagged)
+    records = [
+        r
+        for r in attempts_mod.latest_steps(tagged)
+        if not isinstance(r, schema.Finding | schema.Action)
+    ]
+    if any(isinstance(r, schema.StepRecord) for r in records):
         report.findings.extend(engine.analyze_records(records, config))
+    # The controller saw its job's ranks exit, first and for certain: its crash findings stand
+    # for the crash rule's guesses from the records (a killed rank's last records are lost).
+    witnessed = {f.job_id for f in controller_findings if f.kind is schema.FindingKind.CRASH}
+    report.findings = [
+        f
+        for f in report.findings
+        if not (f.kind is schema.FindingKind.CRASH and f.job_id in witnessed)
+    ]
+    seen = {f.finding_id for f in report.findings}
+    report.findings.extend(
+        {f.finding_id: f for f in controller_findings if f.finding_id not in seen}.values()
+    )
+    report.attempts = attempts_mod.summarize(tagged, report.actions, controller_findings)
     _kineto(traces, report, default_job)
     for folder, group in dumps.items():
         report.num_dumps += len(group)
@@ -147,6 +177,13 @@ def analyze_path(
         report.stack_groups = stacks.group(rank_stacks)
         report.findings = [_with_stacks(f, report.stack_groups) for f in report.findings]
     return report
+
+
+def attempt_of(path: Path) -> int:
+    """The attempt an SDK file holds: N for `rank-NNNNN.attempt-N.jsonl`, else 0."""
+    stem = path.name.removesuffix(".jsonl")
+    _, sep, number = stem.rpartition(".attempt-")
+    return int(number) if sep and number.isdigit() else 0
 
 
 def _read_stack(p: Path, into: dict[int, tuple[str, ...]], report: Report) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from vigil.analyzer import offline
+from vigil.analyzer import attempts, offline
 
 
 def to_dict(report: offline.Report) -> dict[str, Any]:
@@ -54,6 +54,8 @@ def to_dict(report: offline.Report) -> dict[str, Any]:
             for lag in report.lags
         ],
         "stack_groups": [{"ranks": r, "frames": list(f)} for r, f in report.stack_groups],
+        "attempts": attempts.to_dicts(report.attempts),
+        "actions": [msgspec.to_builtins(a) for a in report.actions],
         "errors": [{"path": e.path, "reason": e.reason} for e in report.errors],
         "files": report.files,
         "records": report.num_records,
@@ -103,6 +105,7 @@ def to_text(report: offline.Report) -> str:
             shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
             lines.append(f"  {len(ranks)} rank(s) [{shown}]:")
             lines.extend(f"      {frame}" for frame in frames[:6])
+    lines.extend(attempts.lines(report.attempts, report.findings))
     lines.append("")
     if report.findings:
         lines.append(f"Findings ({len(report.findings)}):")

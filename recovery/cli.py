@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -14,14 +15,53 @@ import time
 import uuid
 from pathlib import Path
 
-from vigil import cli
+from vigil import cli, settings
+from vigil.agent import rundir
 from vigil.env import EnvVar
-from vigil.recovery import controller, journal, local, placement, policy, snapshot_files
+from vigil.recovery import (
+    attempts,
+    collector_link,
+    console,
+    controller,
+    journal,
+    local,
+    placement,
+    policy,
+    snapshot_files,
+)
 
 log = logging.getLogger(__name__)
 
 
+# Default for --output-dir, as the SDK's (VIGIL_OUTPUT_DIR wins over it).
+DEFAULT_OUTPUT_DIR = Path("vigil-output")
+
+
+def _epilog() -> str:
+    width = max(len(name) for name, _ in local.RANK_ENV)
+    env = "\n".join(f"  {name:<{width}}  {what}" for name, what in local.RANK_ENV)
+    return f"""\
+Each rank runs the command with the caller's environment plus:
+{env}
+  {EnvVar.OUTPUT_DIR.value:<{width}}  --output-dir, made absolute (where the SDK writes JSONL)
+  {EnvVar.COLLECTOR_URL.value:<{width}}  --collector, when given
+
+Where output goes:
+  console                          the current attempt's rank output, each line prefixed
+                                   "[rank N] " (not with --quiet)
+  RUN_DIR/attempts/attempt-A/      rank-R.log: rank R's stdout and stderr in attempt A (kept)
+  RUN_DIR/actions.jsonl            the controller's journal (every action, each state)
+  RUN_DIR/stacks/                  stacks dumped for a hang
+  OUTPUT_DIR/JOB/                  the SDK's records without a collector: rank-NNNNN.jsonl,
+                                   rank-NNNNN.attempt-A.jsonl after restart A, and
+                                   controller.jsonl (crashes, restarts with the resume step
+                                   and steps lost, diagnostics): `vigil analyze OUTPUT_DIR/JOB`
+"""
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _epilog()
     parser.add_argument("--nproc", type=cli.positive_int, required=True, help="ranks in the job")
     parser.add_argument(
         "--nodes", type=cli.positive_int, default=1, help="simulated nodes the ranks spread over"
@@ -59,6 +99,23 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         default=snapshot_files.DEFAULT_ROOT,
         help="node shared memory for per-step snapshots (default %(default)s)",
     )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help=f"the job's offline record, OUTPUT_DIR/JOB/ (default ${EnvVar.OUTPUT_DIR.value}, "
+        f"else ./{DEFAULT_OUTPUT_DIR})",
+    )
+    parser.add_argument(
+        "--collector",
+        type=cli.collector_url,
+        default=None,
+        help=f"collector URL: the controller posts its record there and acts on its findings "
+        f"(default ${EnvVar.COLLECTOR_URL.value}; none: files only)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="do not copy the ranks' output to the console"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
 
 
@@ -73,11 +130,18 @@ def _run(args: argparse.Namespace) -> int:
         layout = placement.Placement.build(nproc=args.nproc, nodes=args.nodes, spare=args.spare)
         job_id = args.job or cli.unique_job_name("vigil-run")
         run_dir = args.run_dir or Path("vigil-runs") / job_id
+        common = settings.CommonSettings()
+        url = args.collector or common.collector_url or None
+        env_out = os.environ.get(EnvVar.OUTPUT_DIR, "").strip()
+        output_dir = (args.output_dir or Path(env_out or DEFAULT_OUTPUT_DIR)).absolute()
+        rank_env = {EnvVar.JOB.value: job_id, EnvVar.OUTPUT_DIR.value: str(output_dir)}
+        if url:
+            rank_env[EnvVar.COLLECTOR_URL.value] = url
         # Built first: it refuses a command that cannot run before any folder is made.
         executor = local.LocalExecutor(
             command=command,
             run_dir=run_dir,
-            env={EnvVar.JOB: job_id},
+            env=rank_env,
             snapshot_root=args.snapshot_dir,
         )
         book = journal.Journal(run_dir)
@@ -95,9 +159,44 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"vigil run: {exc}\n")
         return 2
-    sys.stderr.write(f"vigil run: job {job_id}; journal, rank logs and stacks in {run_dir}\n")
-    ctl = controller.Controller(config=config, executor=executor, journal=book, placement=layout)
-    code = ctl.run()
+    records = output_dir / job_id
+    sys.stderr.write(
+        f"vigil run: job {job_id}; journal, rank logs and stacks in {run_dir}; the job's record "
+        f"in {records}" + (f" and at {url}" if url else "") + "\n"
+    )
+    sinks: list[journal.RecordLog | collector_link.CollectorActions] = [
+        journal.RecordLog(records / CONTROLLER_RECORD)
+    ]
+    if url:
+        sinks.append(collector_link.CollectorActions(url=url, token=common.token))
+    ctl = controller.Controller(
+        config=config,
+        executor=executor,
+        journal=book,
+        placement=layout,
+        sink=journal.Tee(sinks),
+        findings=collector_link.CollectorFindings(url=url, job_id=job_id, token=common.token)
+        if url
+        else None,
+        steps=attempts.ProgressWatch(
+            job_id=job_id,
+            progress_root=rundir.progress_root(),
+            records_dir=None if url else records,
+        ),
+    )
+    echo = None
+    if not args.quiet:
+        echo = console.RankEcho(current_dir=executor.current_attempt_dir, out=sys.stdout)
+        echo.start()
+    try:
+        code = ctl.run()
+    finally:
+        if echo is not None:
+            echo.stop()
+        for sink in sinks:
+            if isinstance(sink, collector_link.CollectorActions):
+                sink.replay()
+                sink.close()
     if code != 0:
         logs = executor.run_dir / "attempts"
         sys.stderr.write(f"vigil run: job {job_id} failed (exit {code}); rank logs in {logs}\n")
@@ -107,6 +206,9 @@ def _run(args: argparse.Namespace) -> int:
         log.info("%s %s %s: %s", action.action_id, action.kind, action.state, action.result)
     return code
 
+
+# The controller's record beside the ranks' JSONL files (read by `vigil analyze`).
+CONTROLLER_RECORD = "controller.jsonl"
 
 command = cli.Command(
     name="run",
@@ -140,8 +242,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(demo.describe(rows) + "\n")
     table = Table(title=f"vigil demo: {time.monotonic() - started:.0f} s")
-    for column in ("fault", "detected after (s)", "culprit", "action", "time to recover (s)",
-                   "steps lost", "ok"):  # fmt: skip
+    for column in ("fault", "detected after (s)", "culprit", "action", "diagnosis",
+                   "time to recover (s)", "steps lost", "ok"):  # fmt: skip
         table.add_column(column)
     for row in rows:
         table.add_row(
@@ -149,6 +251,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             _num(row.detected_after_s),
             f"{row.culprit} (expected {row.expected_culprit})",
             row.action,
+            row.diagnosis,
             _num(row.recover_s),
             "-" if row.steps_lost is None else str(row.steps_lost),
             "yes" if row.ok else "NO",

@@ -1,16 +1,20 @@
 """The controller's link to the collector: findings in, actions out (HTTP, vigil's wire codec).
 
 `CollectorFindings` polls the analyzer's findings for one job; `CollectorActions` posts each
-action's new state (and the controller's own crash findings) through ingest, where the collector
-upserts them by id, with the core sender (`vigil.outbox`): retried with its backoff schedule,
-spooled while the collector is away, and sent again, oldest first, before the next post (the
-spools of controllers that exited, found beside this one's, once this one gets through). Both are
+action's new state (a restart twice: at relaunch, then with its resume step, steps lost and
+recovery time), the controller's own crash findings and a diagnosed node's results through
+ingest, where the collector upserts actions and findings by id, with the core sender
+(`vigil.outbox`): retried with its backoff schedule, spooled while the collector is away, and
+sent again, oldest first, before the next post and whenever the controller's loop calls
+`replay()` (every few seconds), and the spools of controllers that exited, found beside this
+one's, once this one gets through. Both are
 best effort: a collector that is down costs visibility, never the recovery (the journal is the
 truth), and no post blocks the controller longer than `attempts` x `timeout_s`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,8 +25,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from vigil import api, outbox, sender, settings, spool
-from vigil.schema import Action, Finding
+from vigil import api, codec, outbox, sender, settings, spool
+from vigil.schema import Action, DiagResult, Finding
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,18 @@ class CollectorFindings:
         return findings
 
 
+def batch_id(record: Action | Finding | DiagResult) -> str:
+    """The batch id of one post: the same record posted twice is stored once, while each new
+    state of an action (and a restart's recovery record, posted later) is a batch of its own."""
+    if isinstance(record, Action):
+        recovered = f"-resumed{record.resume_step}" if record.resume_step >= 0 else ""
+        return f"action-{record.action_id}-{record.state.value}{recovered}"
+    if isinstance(record, Finding):
+        return f"finding-{record.finding_id}"
+    digest = hashlib.sha1(codec.encode_json(record), usedforsecurity=False).hexdigest()[:16]
+    return f"diag-{record.node}-{digest}"
+
+
 # A controller posts a handful of records per recovery: 4 MiB keeps thousands of them.
 SPOOL_MAX_BYTES = 4 * 1024 * 1024
 
@@ -84,14 +100,10 @@ class CollectorActions:
         if self.attempts < 1 or self.timeout_s <= 0:
             raise ValueError("CollectorActions needs attempts >= 1 and timeout_s > 0")
 
-    def publish(self, record: Action | Finding) -> None:
+    def publish(self, record: Action | Finding | DiagResult) -> None:
         """Post `record` after whatever is spooled; keep it in the spool if it does not go."""
-        if isinstance(record, Action):
-            batch_id = f"action-{record.action_id}-{record.state.value}"
-        else:
-            batch_id = f"finding-{record.finding_id}"
         box, earlier = self._open()
-        posted = box.post([record], batch_id=batch_id)
+        posted = box.post([record], batch_id=batch_id(record))
         if posted.fate is not outbox.Fate.SPOOLED:  # the collector is there: exited ones' too
             earlier.tick()
 
@@ -118,7 +130,7 @@ class CollectorActions:
                 source="controller",
                 client=self.client,
                 sleep=self.sleep,
-                retried="before the controller's next post",
+                retried="at the controller's next post or replay (every few seconds)",
             )
             self._earlier = outbox.Orphans(
                 lambda: spool.siblings(directory),

@@ -2,8 +2,14 @@
 
 It owns the loop only: detection comes from the executor (ranks that died) and from a
 `FindingSource` (the analyzer's findings, e.g. through the collector); what to do comes from the
-pure `policy`; how to do it from an `Executor`; and every step is journaled first (`journal`) so a
-controller killed at any point and started again finishes each recovery exactly once.
+pure `policy`; how to do it from an `Executor` (the protocol alone: the controller reaches ranks
+and nodes through nothing else); and every step is journaled first (`journal`) so a controller
+killed at any point and started again finishes each recovery exactly once.
+
+The record it keeps (through its `ActionSink`): a crash finding per failed attempt (the rank,
+its exit code or signal, the step it died in), every action's states, a diagnosed node's
+results, and for each restart the attempt it launched, then (same action id, once a `StepWatch`
+sees the new attempt's first step) the resume step, the steps lost and when it recovered.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,20 +27,21 @@ import msgspec
 
 from vigil.analyzer import stacks as analyzer_stacks
 from vigil.env import EnvVar
+from vigil.recovery import attempts, policy
 from vigil.recovery import journal as journal_mod
-from vigil.recovery import policy
-from vigil.recovery.executor import RankExit
-from vigil.recovery.local import LocalExecutor
+from vigil.recovery.executor import Executor, RankExit
 from vigil.recovery.placement import Placement
 from vigil.schema import (
     Action,
     ActionKind,
     ActionState,
+    DiagResult,
     Evidence,
     Finding,
     FindingKind,
     FindingState,
     Subjects,
+    Verdict,
 )
 
 log = logging.getLogger(__name__)
@@ -62,9 +70,35 @@ class Checkpointer(Protocol):
 
 
 class ActionSink(Protocol):
-    def publish(self, record: Action | Finding) -> None:
-        """Record an action's new state, or a finding the controller made itself (a crash),
-        somewhere people can see it (the collector)."""
+    def publish(self, record: Action | Finding | DiagResult) -> None:
+        """Record an action's new state, a finding the controller made itself (a crash) or a
+        diagnosed node's result somewhere people can see it (the collector, a JSONL file)."""
+
+    def replay(self) -> bool:
+        """Send again what could not be sent before; False while that still fails."""
+
+
+class StepWatch(Protocol):
+    """Where the ranks' steps stand (`attempts.ProgressWatch` reads the SDK's pages and files)."""
+
+    def last_steps(self, attempt: int, since_s: float) -> dict[int, int]:
+        """Each rank's newest step finished in `attempt` (started at `since_s`)."""
+
+    def first_step(self, attempt: int, since_s: float) -> attempts.FirstStep | None:
+        """The lowest step `attempt` finished, once one has."""
+
+    def forget(self) -> None:
+        """Drop what was read for the attempt awaited so far."""
+
+
+def describe_exit(code: int) -> str:
+    """How a rank ended, in words: "was killed by SIGKILL", "exited with code 3"."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +117,10 @@ class ControllerConfig:
     # A hang finding must stay open this long before the job is restarted for it: a rank that
     # was only slow resumes and the analyzer resolves the finding in the meantime.
     hang_confirm_s: float = 2.0
+    # A diagnosed node's quick suite: seconds on a CPU, about a minute on a GPU node.
+    diagnose_timeout_s: float = 300.0
+    # How often the sink's spooled posts are sent again between posts.
+    replay_interval_s: float = 5.0
     budget: policy.Budget = field(default_factory=policy.Budget)
 
     def __post_init__(self) -> None:
@@ -95,12 +133,13 @@ class ControllerConfig:
 @dataclass(kw_only=True)
 class Controller:
     config: ControllerConfig
-    executor: LocalExecutor
+    executor: Executor
     journal: journal_mod.Journal
     placement: Placement
     findings: FindingSource | None = None
     checkpointer: Checkpointer | None = None
     sink: ActionSink | None = None
+    steps: StepWatch | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     state: journal_mod.ControllerState = field(init=False)
@@ -108,6 +147,7 @@ class Controller:
     _adopted: int = field(default=0, init=False)
     # When each open finding was first seen, for the hang confirmation delay.
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
+    _replayed_s: float = field(default=0.0, init=False)
 
     def run(self) -> int:
         """Supervise the job to its end; returns 0 when every rank finished cleanly."""
@@ -157,6 +197,7 @@ class Controller:
     # -- the loop -----------------------------------------------------------------------------
 
     def _step(self) -> None:
+        self._replay_sink()
         exits = self.executor.poll()
         failed = [e for e in exits if e.returncode != 0]
         if any(e.returncode == BAD_CONFIG_EXIT for e in failed):
@@ -165,10 +206,13 @@ class Controller:
             )
             return
         if failed:
-            finding = self._crash_finding(failed)
+            # Read before anything is stopped: the ranks' pages say where each one got to.
+            last = self._last_steps()
+            finding = self._crash_finding(failed, last)
             self._publish(finding)
-            self._handle(finding, job_down=True)
+            self._handle(finding, job_down=True, last=last)
             return
+        self._watch_first_step()
         if exits and not self.executor.alive():
             self._finish(0, "every rank finished")
             return
@@ -198,24 +242,93 @@ class Controller:
     def _handled(self) -> set[str]:
         return set(self.state.handled_findings)
 
-    def _crash_finding(self, failed: list[RankExit]) -> Finding:
+    def _crash_finding(self, failed: list[RankExit], last: dict[int, int] | None) -> Finding:
+        """The crash: the first rank to exit, how (code or signal), and the step it died in
+        (the one after its last finished step; steps -1 when that is not known)."""
         first = min(failed, key=lambda e: e.seen_s)
         rank, node, code = first.rank, first.node, first.returncode
+        evidence = [
+            Evidence(metric="exit_code", observed=float(code), note=describe_exit(code)),
+            Evidence(metric="exit_time", observed=first.seen_s, unit="s"),
+        ]
+        died_in = -1
+        where = ""
+        if last is not None and rank in last:
+            died_in = last[rank] + 1
+            evidence.append(Evidence(metric="last_step", observed=float(last[rank])))
+            where = f" in step {died_in}"
+        elif last is not None:
+            died_in = 0 if not last else -1
+            where = " before finishing a step" if not last else ""
         return Finding(
             finding_id=crash_finding_id(self.config.job_id, self.state.attempt, rank),
             kind=FindingKind.CRASH,
             job_id=self.config.job_id,
             subjects=Subjects(ranks=[rank], nodes=[node]),
-            summary=f"rank {rank} on {node} exited with code {code} first",
-            evidence=[
-                Evidence(metric="exit_code", observed=float(code)),
-                Evidence(metric="exit_time", observed=first.seen_s, unit="s"),
-            ],
+            step_start=died_in,
+            step_end=died_in,
+            summary=(
+                f"rank {rank} on {node} {describe_exit(code)}{where} "
+                f"(attempt {self.state.attempt}; first of {len(failed)} to exit)"
+            ),
+            evidence=evidence,
             confidence=1.0,
             detected_s=self.clock(),
         )
 
-    def _handle(self, finding: Finding, *, job_down: bool) -> None:
+    def _last_steps(self) -> dict[int, int] | None:
+        """Each rank's newest finished step in the running attempt (None: no watch or it failed)."""
+        if self.steps is None:
+            return None
+        try:
+            return self.steps.last_steps(self.state.attempt, self.state.attempt_started_s)
+        except Exception as exc:  # the record is best effort; recovery goes on without it
+            log.warning("could not read where the ranks got to: %s", exc)
+            return None
+
+    def _watch_first_step(self) -> None:
+        """Once the awaited restart's attempt has finished a step, post that restart again with
+        its resume step, steps lost and recovery time."""
+        action = self.journal.get(self.state.awaiting_first_step or "")
+        if action is None or self.steps is None:
+            return
+        try:
+            first = self.steps.first_step(self.state.attempt, self.state.attempt_started_s)
+        except Exception as exc:
+            log.warning("could not read the new attempt's first step: %s", exc)
+            return
+        if first is None:
+            return
+        lost = attempts.steps_lost(self.state.failed_last_step, first.step)
+        self.state.awaiting_first_step = ""
+        self.journal.save_state(self.state)
+        self.steps.forget()
+        self._record(
+            msgspec.structs.replace(
+                action, resume_step=first.step, steps_lost=lost, recovered_s=first.seen_s
+            )
+        )
+        log.info(
+            "attempt %d resumed at step %d (%s lost; from %s)",
+            self.state.attempt,
+            first.step,
+            "?" if lost < 0 else lost,
+            first.source,
+        )
+
+    def _replay_sink(self) -> None:
+        now = self.clock()
+        if self.sink is None or now - self._replayed_s < self.config.replay_interval_s:
+            return
+        self._replayed_s = now
+        try:
+            self.sink.replay()
+        except Exception as exc:  # best effort, as every post
+            log.warning("could not send spooled records: %s", exc)
+
+    def _handle(
+        self, finding: Finding, *, job_down: bool, last: dict[int, int] | None = None
+    ) -> None:
         context = policy.Context(
             now_s=self.clock(),
             restart_times_s=tuple(self.state.restart_times_s),
@@ -249,6 +362,12 @@ class Controller:
                 )
         for node in finding.subjects.nodes:
             self.state.culprit_counts[node] = self.state.culprit_counts.get(node, 0) + 1
+        if decision.restarts:
+            last = last if last is not None else self._last_steps()
+            # A data-parallel step is trained once every replica finished it: the newest step
+            # all ranks finished (a rank may log the step that failed under it as finished).
+            self.state.failed_last_step = None if last is None else min(last.values(), default=-1)
+        self.state.awaiting_first_step = ""  # a new failure: the old attempt's record stays open
         self.state.recovering = finding.finding_id
         self.state.recovering_from = self.state.attempt
         # A dead or hung job cannot stop gracefully (its state is in the snapshots already).
@@ -281,11 +400,19 @@ class Controller:
         except Exception as exc:  # an action that fails is recorded, never crashes the loop
             log.exception("action %s failed", action.action_id)
             state, result = ActionState.FAILED, f"{type(exc).__name__}: {exc}"
-        self._record(
-            msgspec.structs.replace(
-                action, state=state, start_s=start, end_s=self.clock(), result=result
-            )
+        restarted = action.kind in policy.RESTARTING and state is ActionState.SUCCEEDED
+        done = msgspec.structs.replace(
+            action,
+            state=state,
+            start_s=start,
+            end_s=self.clock(),
+            result=result,
+            attempt=self.state.attempt if restarted else action.attempt,
         )
+        if restarted:
+            self.state.awaiting_first_step = action.action_id
+            self.journal.save_state(self.state)
+        self._record(done)
         self._die_if("recorded")
 
     def _carry_out(self, action: Action) -> tuple[ActionState, str]:
@@ -305,10 +432,47 @@ class Controller:
             )
         if action.kind is ActionKind.DUMP_STACKS:
             return self._dump_stacks(action)
+        if action.kind is ActionKind.DIAGNOSE:
+            return self._diagnose(action)
         if action.kind is ActionKind.CORDON:
             self.executor.cordon(action.target)
             return ActionState.SUCCEEDED, f"{action.target} cordoned"
-        return ActionState.SKIPPED, f"{action.kind.value} is not available on the local executor"
+        return ActionState.SKIPPED, f"{action.kind.value} is not available on the executor"
+
+    def _diagnose(self, action: Action) -> tuple[ActionState, str]:
+        """The quick node diagnostics on each target node; a failing verdict cordons the node
+        (no restart places ranks on it again). Each result is published as it is."""
+        nodes = self._nodes_of(action.target)
+        if not nodes:
+            return ActionState.SKIPPED, f"no node to diagnose in {action.target!r}"
+        parts, failed = [], False
+        for node in nodes:
+            try:
+                results = self.executor.diagnose(node, timeout_s=self.config.diagnose_timeout_s)
+            except RuntimeError as exc:
+                parts.append(f"{node}: unknown ({exc})")
+                failed = True
+                continue
+            for result in results:
+                self._publish(result)
+            verdict = worst_verdict(results)
+            parts.append(f"{node}: {verdict.value} ({_verdict_detail(results, verdict)})")
+            if verdict is Verdict.FAIL:
+                self.executor.cordon(node)
+                self._save_placement(self.placement.cordon(node))
+                parts[-1] += "; cordoned"
+        state = ActionState.FAILED if failed else ActionState.SUCCEEDED
+        return state, "; ".join(parts)
+
+    def _nodes_of(self, target: str) -> list[str]:
+        """Node names in a comma-separated target ("node-1", "rank3")."""
+        nodes: list[str] = []
+        for part in (p.strip() for p in target.split(",")):
+            if part.startswith("rank") and part[4:].isdigit():
+                nodes.extend(self.placement.nodes_of([int(part[4:])]))
+            elif part in self.placement.active or part in self.placement.spares:
+                nodes.append(part)
+        return list(dict.fromkeys(nodes))
 
     def _dump_stacks(self, action: Action) -> tuple[ActionState, str]:
         ranks = self.executor.alive()
@@ -342,7 +506,11 @@ class Controller:
                 placement = placement.migrate(nodes)
             elif action.kind is ActionKind.RESIZE:
                 placement = placement.resize(nodes)
-            for node in nodes if action.kind is not ActionKind.RESTART else ():
+            # Never back onto a node a diagnosis cordoned: move off it (spare) or drop it.
+            avoided = placement.avoid_cordoned()
+            moved = [n for n in placement.active if n not in avoided.active]
+            placement = avoided
+            for node in [*(nodes if action.kind is not ActionKind.RESTART else ()), *moved]:
                 self.executor.forget_node(node, self.config.job_id)
             self.state.attempt = target
             self.state.restart_times_s.append(self.clock())
@@ -364,7 +532,7 @@ class Controller:
         self.journal.record(action)
         self._publish(action)
 
-    def _publish(self, record: Action | Finding) -> None:
+    def _publish(self, record: Action | Finding | DiagResult) -> None:
         if self.sink is not None:
             try:
                 self.sink.publish(record)
@@ -382,3 +550,23 @@ class Controller:
         if os.environ.get(EnvVar.CONTROLLER_DIE_AT) == stage:
             log.error("dying at stage %r (%s is set)", stage, EnvVar.CONTROLLER_DIE_AT)
             os._exit(70)
+
+
+_VERDICT_ORDER = (Verdict.FAIL, Verdict.SUSPECT, Verdict.PASS, Verdict.UNKNOWN)
+
+
+def worst_verdict(results: Sequence[DiagResult]) -> Verdict:
+    """The node's verdict: its worst result's (fail > suspect > pass); unknown when no result
+    was judged (no baseline or spec to judge it by)."""
+    seen = {r.verdict for r in results}
+    return next((v for v in _VERDICT_ORDER if v in seen), Verdict.UNKNOWN)
+
+
+def _verdict_detail(results: Sequence[DiagResult], verdict: Verdict) -> str:
+    counts = {v: sum(r.verdict is v for r in results) for v in Verdict}
+    text = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
+    bad = [
+        r for r in results if r.verdict is verdict and verdict in (Verdict.FAIL, Verdict.SUSPECT)
+    ]
+    named = "; ".join(f"{r.test} {r.value:g} {r.unit}".rstrip() for r in bad[:3])
+    return f"{len(results)} results: {text}" + (f"; {named}" if named else "")

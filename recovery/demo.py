@@ -23,8 +23,10 @@ from pathlib import Path
 import httpx
 
 from vigil import api
+from vigil.agent import rundir
 from vigil.env import EnvVar
 from vigil.recovery import (
+    attempts,
     checkpoint_request,
     collector_link,
     controller,
@@ -194,6 +196,7 @@ def supervise(spec: TrainJob) -> int:
         env={EnvVar.JOB: spec.job, EnvVar.COLLECTOR_URL: spec.url},
         snapshot_root=spec.workdir / "shm",
     )
+    controller_dir = spec.workdir / "controller"
     ctl = controller.Controller(
         config=controller.ControllerConfig(
             job_id=spec.job,
@@ -210,9 +213,15 @@ def supervise(spec: TrainJob) -> int:
         checkpointer=checkpoint_request.PageCheckpointer(
             progress_dir=Path("/dev/shm/vigil"), job_id=spec.job
         ),
-        sink=collector_link.CollectorActions(
-            url=spec.url, spool_dir=spec.workdir / "controller-posts.spool"
+        sink=journal.Tee(
+            [
+                journal.RecordLog(controller_dir / "record.jsonl"),
+                collector_link.CollectorActions(
+                    url=spec.url, spool_dir=spec.workdir / "controller-posts.spool"
+                ),
+            ]
         ),
+        steps=attempts.ProgressWatch(job_id=spec.job, progress_root=rundir.progress_root()),
     )
     return ctl.run()
 

@@ -8,14 +8,17 @@ that file; no processes, no network.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from vigil.recovery.policy import RESTARTING
-from vigil.schema import Action, Finding, FindingKind
+from vigil.schema import Action, ActionKind, ActionState, Finding, FindingKind
 
+# The controller's diagnose result: "<node>: <verdict> (<detail>)[; cordoned]", "; "-joined.
+_VERDICT = re.compile(r"(?:^|; )(\S+): (pass|suspect|fail|unknown)\b(?: \([^)]*\))?(; cordoned)?")
 _KINDS = {"straggler": FindingKind.STRAGGLER, "hang": FindingKind.HANG, "crash": FindingKind.CRASH}
 # The attempt each fault fires in: the demo chains them, one recovery each.
 _ATTEMPT = {"straggler": 0, "hang": 1, "crash": 2}
@@ -30,6 +33,8 @@ class FaultRow:
     action: str
     recover_s: float | None
     steps_lost: int | None
+    # The diagnose action's verdict per node ("node-1: pass"), "-" when none ran.
+    diagnosis: str = "-"
 
     @property
     def ok(self) -> bool:
@@ -80,6 +85,7 @@ def build_rows(
         )
         restart = next((a for a in mine if a.kind in RESTARTING), None)
         recover_s, lost = _recovery(steps, attempt, fault_steps[fault], restart)
+        diagnosed = [a for a in mine if a.kind is ActionKind.DIAGNOSE]
         rows.append(
             FaultRow(
                 fault=fault,
@@ -89,9 +95,23 @@ def build_rows(
                 action="+".join(a.kind.value for a in mine) or "-",
                 recover_s=recover_s,
                 steps_lost=lost,
+                diagnosis="; ".join(verdict_of(a) for a in diagnosed) or "-",
             )
         )
     return rows
+
+
+def verdict_of(diagnose: Action) -> str:
+    """A diagnose action's verdict per node ("node-1: pass; cordoned"), from its result."""
+    if diagnose.state is ActionState.SKIPPED:
+        return "skipped"
+    if diagnose.state in (ActionState.PENDING, ActionState.RUNNING):
+        return "not finished"
+    parts = [
+        f"{m.group(1)}: {m.group(2)}" + (", cordoned" if m.group(3) else "")
+        for m in _VERDICT.finditer(diagnose.result)
+    ]
+    return "; ".join(parts) or diagnose.result[:60]
 
 
 def _onset(steps: Sequence[Mapping[str, Any]], attempt: int, fault_step: int) -> float | None:

@@ -2,7 +2,9 @@
 
 Actions are appended as JSON lines (vigil.codec) and fsync'd before the controller acts on them;
 the state file (attempt, placement, restart history) is replaced atomically. A controller that is
-killed and restarted reads both back and finishes what it started, exactly once. Files only: no
+killed and restarted reads both back and finishes what it started, exactly once. `RecordLog`
+keeps the controller's record for `vigil analyze` (its findings, actions and diagnostics as SDK
+JSON lines in the job's output folder); `Tee` gives a record to several sinks. Files only: no
 processes, no network.
 """
 
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
 from vigil import codec
-from vigil.schema import Action, ActionState
+from vigil.schema import Action, ActionState, DiagResult, Finding
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,10 @@ class ControllerState(msgspec.Struct, kw_only=True):
     recovering_graceful: bool = True
     finished: bool = False
     exit_code: int = 0
+    # The newest step any rank of the failed attempt had finished (None: not known).
+    failed_last_step: int | None = None
+    # The restart action waiting for its attempt's first step ("" when none).
+    awaiting_first_step: str = ""
 
 
 @dataclass
@@ -113,3 +121,42 @@ class Journal:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+@dataclass
+class RecordLog:
+    """An `ActionSink` that appends each record as a JSON line to `path` (flushed, not fsync'd:
+    it is a report; the journal is the truth). `vigil analyze` reads it beside the ranks' files."""
+
+    path: Path
+
+    def publish(self, record: Action | Finding | DiagResult) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as f:
+            f.write(codec.encode_json(record) + b"\n")
+
+    def replay(self) -> bool:
+        return True
+
+
+class _Sink(Protocol):
+    def publish(self, record: Action | Finding | DiagResult) -> None: ...
+
+    def replay(self) -> bool: ...
+
+
+@dataclass
+class Tee:
+    """Gives every record to each sink in turn; one failing does not keep it from the others."""
+
+    sinks: Sequence[_Sink]
+
+    def publish(self, record: Action | Finding | DiagResult) -> None:
+        for sink in self.sinks:
+            try:
+                sink.publish(record)
+            except Exception as exc:  # best effort, as every sink
+                log.warning("could not record %s in %s: %s", type(record).__name__, sink, exc)
+
+    def replay(self) -> bool:
+        return all([sink.replay() for sink in self.sinks])

@@ -1,10 +1,13 @@
 """Local executor: runs a job's ranks as processes on this host, the way torchrun does.
 
 Each rank gets torchrun's rendezvous environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT, ...) plus VIGIL_NODE and the restart count. Each attempt gets a fresh MASTER_PORT, so
-restarted gloo workers never meet the previous attempt's TCPStore (the reason `torchrun
---max-restarts` cannot bring gloo jobs back). Ranks run in their own process groups so stopping a
-rank stops everything it spawned. Simulated nodes are just labels on groups of ranks.
+MASTER_PORT, ...) plus VIGIL_NODE and the restart count (`RANK_ENV` lists it all, for `vigil run
+--help`). Each attempt gets a fresh MASTER_PORT, so restarted gloo workers never meet the previous
+attempt's TCPStore (the reason `torchrun --max-restarts` cannot bring gloo jobs back). Ranks run
+in their own process groups so stopping a rank stops everything it spawned. Simulated nodes are
+just labels on groups of ranks; a node's diagnostics (`diagnose`) run as a `vigil diag --quick`
+subprocess pinned to the devices that node's ranks use (LOCAL_RANK 0..n-1 of the host's GPUs; the
+CPU suite where there are none).
 
 A command that cannot run is a configuration error, not a crash: the executor refuses one whose
 executable it cannot find at construction, and reports a rank's exit 126 (found but not
@@ -20,18 +23,25 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
+from vigil import codec
 from vigil.agent import stacks as stacks_mod
 from vigil.env import EnvVar
 from vigil.recovery import snapshot_files
 from vigil.recovery.executor import RankExit
 from vigil.recovery.placement import Placement
+from vigil.schema import DiagResult
+
+if TYPE_CHECKING:
+    from vigil.recovery.executor import Executor
 
 log = logging.getLogger(__name__)
 # py-spy attaches and walks every thread in well under a second; 20 s covers a loaded node.
@@ -42,6 +52,9 @@ NOT_EXECUTABLE_EXIT = 126
 NOT_FOUND_EXIT = 127
 # The controller stops the job instead of restarting on this code (controller.BAD_CONFIG_EXIT).
 BAD_CONFIG_EXIT = 2
+# The wrapper shell reports a command killed by signal n as exit 128+n (POSIX); poll() reports
+# it as -n, as Popen does (a command that itself exits 129..159 reads as a signal too).
+_SIGNALLED = 128
 _UNRUNNABLE = {NOT_EXECUTABLE_EXIT: "could not be executed", NOT_FOUND_EXIT: "was not found"}
 
 # Runs the rank's command and leaves "<exit code> <unix time>" in $VIGIL_EXIT_FILE, so a restarted
@@ -52,6 +65,27 @@ _WRAPPER = (
     f'printf "%s %s" "$code" "$(date +%s.%N)" > "${EnvVar.EXIT_FILE}.tmp"; '
     f'mv "${EnvVar.EXIT_FILE}.tmp" "${EnvVar.EXIT_FILE}"; exit $code'
 )
+
+
+# What every rank's environment holds beyond the caller's (`vigil run --help` prints this list).
+RANK_ENV: tuple[tuple[str, str], ...] = (
+    ("RANK", "the rank, 0 .. WORLD_SIZE-1"),
+    ("WORLD_SIZE", "ranks in this attempt (smaller after a resize)"),
+    ("LOCAL_RANK", "the rank's index on its node (its GPU: cuda:LOCAL_RANK)"),
+    ("LOCAL_WORLD_SIZE", "ranks per node"),
+    ("GROUP_RANK, NODE_RANK", "the index of the rank's node among the active nodes"),
+    ("MASTER_ADDR", "the rendezvous host (127.0.0.1)"),
+    ("MASTER_PORT", "the rendezvous port: a free one, new each attempt"),
+    ("TORCHELASTIC_RESTART_COUNT", "the attempt, as torchrun names it"),
+    ("PYTHONUNBUFFERED", "1, so output reaches the rank's log as it is printed"),
+    (EnvVar.JOB.value, "the job id (vigil run --job), so every rank reports under one job"),
+    (EnvVar.NODE.value, "the simulated node the rank runs on (node-0, node-1, ...)"),
+    (EnvVar.RESTART_COUNT.value, "the attempt: 0 at the first start, +1 per restart"),
+    (EnvVar.SNAPSHOT_DIR.value, "node shared memory for per-step snapshots (--snapshot-dir)"),
+    (EnvVar.EXIT_FILE.value, "where the rank's wrapper leaves its exit code (internal)"),
+)
+# 5 min: the quick suite takes seconds on a CPU and about a minute on a GPU node.
+DIAGNOSE_TIMEOUT_S = 300.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,6 +104,9 @@ class LocalExecutor:
     # Node shared memory for per-step snapshots; each simulated node gets its own folder in it.
     snapshot_root: Path | None = None
     clock: Callable[[], float] = time.time
+    # The node diagnostics' command (one JSON DiagResult per line on stdout, exit 0 or 1 by
+    # verdict); `--node NODE` is appended. Default: this Python's `vigil diag --quick --json`.
+    diag_command: Sequence[str] = (sys.executable, "-m", "vigil", "diag", "--quick", "--json")
     _procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
     _adopted: dict[int, int] = field(default_factory=dict, init=False)
     _attempt: int = field(default=0, init=False)
@@ -143,7 +180,12 @@ class LocalExecutor:
         return env
 
     def attempt_dir(self, attempt: int) -> Path:
+        """Where attempt `attempt`'s rank logs (rank-<r>.log), pid and exit files go."""
         return self.run_dir / "attempts" / f"attempt-{attempt}"
+
+    def current_attempt_dir(self) -> Path | None:
+        """The running (or last) attempt's folder; None before the first launch."""
+        return None if self._placement is None else self.attempt_dir(self._attempt)
 
     def adopt(self, placement: Placement, attempt: int) -> int:
         """Take over the ranks a previous controller started for `attempt`; how many it started.
@@ -184,6 +226,8 @@ class LocalExecutor:
         except (OSError, ValueError):
             # Killed before the wrapper could write (SIGKILL): trust wait() if we have it.
             code = returncode if returncode is not None else -signal.SIGKILL
+        if _SIGNALLED < code < _SIGNALLED + 32:
+            code = _SIGNALLED - code  # the shell's 128+n for a child killed by signal n: -n
         if code in _UNRUNNABLE:
             log.error(
                 "rank %d exited %d: its command %s (%s); restarting cannot help, stopping the job",
@@ -245,6 +289,46 @@ class LocalExecutor:
             stacks[rank] = text if text is not None else "py-spy could not read this rank's stacks"
         return stacks
 
+    def diagnose(self, node: str, *, timeout_s: float = DIAGNOSE_TIMEOUT_S) -> list[DiagResult]:
+        """`vigil diag --quick` for `node`, pinned to the GPUs its ranks use (LOCAL_RANK 0..n-1
+        of this host's visible ones; on a host without GPUs the CPU suite runs)."""
+        per_node = self._placement.ranks_per_node if self._placement is not None else 1
+        env = dict(os.environ)
+        env.update(self.env)
+        # The controller records and ships the results itself: the subprocess must not too.
+        env.pop(EnvVar.COLLECTOR_URL, None)
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        devices = visible[:per_node] if visible else [str(i) for i in range(per_node)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        argv = [*self.diag_command, "--node", node]
+        try:
+            done = subprocess.run(
+                argv, env=env, capture_output=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"diagnostics of {node} did not finish in {timeout_s:.0f} s"
+            ) from exc
+        except OSError as exc:
+            raise RuntimeError(f"diagnostics of {node} could not start: {exc}") from exc
+        results = []
+        for line in done.stdout.splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = codec.decode_json(line)
+            except codec.DecodeError:
+                continue  # not a result line
+            if isinstance(record, DiagResult):
+                results.append(record)
+        if done.returncode not in (0, 1) or not results:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(
+                f"diagnostics of {node} failed (exit {done.returncode}, "
+                f"{len(results)} results): {tail[0][:300]}"
+            )
+        return results
+
     def cordon(self, node: str) -> None:
         self._cordoned.add(node)
 
@@ -299,3 +383,9 @@ def _group_alive(pgid: int) -> bool:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+if TYPE_CHECKING:  # mypy checks that LocalExecutor implements the Executor protocol in full
+
+    def _is_an_executor(executor: LocalExecutor) -> Executor:
+        return executor

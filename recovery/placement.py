@@ -72,6 +72,26 @@ class Placement:
             cordoned=self.cordoned | frozenset(bad),
         )
 
+    def cordon(self, node: str) -> Placement:
+        """Mark `node` as never to be used again: a spare leaves the spares; an active node
+        keeps its ranks until the next restart moves them (`avoid_cordoned`)."""
+        return Placement(
+            active=self.active,
+            spares=tuple(n for n in self.spares if n != node),
+            ranks_per_node=self.ranks_per_node,
+            cordoned=self.cordoned | {node},
+        )
+
+    def avoid_cordoned(self) -> Placement:
+        """This placement with no cordoned active node: each is swapped for a spare while spares
+        last, the rest dropped (the world shrinks). ValueError when no active node would remain."""
+        bad = [n for n in self.active if n in self.cordoned]
+        if not bad:
+            return self
+        swapped = min(len(bad), len(self.spares))
+        moved = self.migrate(bad[:swapped]) if swapped else self
+        return moved.resize(bad[swapped:]) if bad[swapped:] else moved
+
     def resize(self, bad: Sequence[str]) -> Placement:
         """Drop bad nodes (cordoned); the world shrinks by their ranks."""
         bad_set = {n for n in bad if n in self.active}

@@ -7,15 +7,19 @@ Real HTTP on loopback to `tests.agent.receiver.Receiver` (the ingest contract).
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.agent import conftest, receiver
+from tests.recovery.fakes import FakeExecutor
 from vigil import spool
-from vigil.recovery import collector_link
+from vigil.recovery import collector_link, controller, journal, placement, policy
+from vigil.recovery.executor import RankExit
 from vigil.schema import Action, ActionKind, ActionState, Finding, FindingKind
 
 pytestmark = pytest.mark.integration
@@ -123,3 +127,67 @@ def test_a_controller_that_died_leaves_its_posts_to_the_next(tmp_path: Path) -> 
     finally:
         collector.stop()
     assert not sibling.exists()
+
+
+def test_a_restart_is_posted_again_with_its_recovery_record(tmp_path: Path) -> None:
+    collector = receiver.Receiver()
+    try:
+        sink = _sink(collector.url, tmp_path / "posts.spool")
+        relaunched = msgspec.structs.replace(_action(ActionState.SUCCEEDED), attempt=1)
+        sink.publish(relaunched)
+        sink.publish(
+            msgspec.structs.replace(relaunched, resume_step=7, steps_lost=1, recovered_s=9.0)
+        )
+        sink.publish(relaunched)  # the same post again (a retry): stored once
+        assert collector.batch_ids == [
+            "action-crash-a0-r1/0-restart-succeeded",
+            "action-crash-a0-r1/0-restart-succeeded-resumed7",
+        ]
+        last = collector.records[-1]
+        assert isinstance(last, Action) and (last.resume_step, last.steps_lost) == (7, 1)
+        sink.close()
+    finally:
+        collector.stop()
+
+
+def test_the_controllers_loop_sends_spooled_posts_on_a_timer(tmp_path: Path) -> None:
+    """The collector is away when a rank crashes and comes back while the job runs on: the crash
+    and its restart reach it from the loop's timer, with no further post to carry them."""
+    port = conftest.free_port()
+    url = f"http://127.0.0.1:{port}"
+    started: list[receiver.Receiver] = []
+    seen_during_run: list[int] = []
+
+    def script(attempt: int, polls: int) -> list[RankExit]:
+        if attempt == 0 and polls == 2:
+            return [RankExit(rank=1, node="node-0", returncode=-9, seen_s=1.0)]
+        if attempt == 1 and polls == 3:
+            started.append(receiver.Receiver(port))
+        if attempt == 1 and polls == 30:
+            seen_during_run.append(len(started[0].records))
+            return [RankExit(rank=r, node="node-0", returncode=0, seen_s=2.0) for r in range(2)]
+        return []
+
+    sink = _sink(url, tmp_path / "posts.spool")
+    ticks = itertools.count(100.0, 0.5)
+    ctl = controller.Controller(
+        config=controller.ControllerConfig(
+            job_id="j", run_id="r", replay_interval_s=3.0, budget=policy.Budget(cooldown_s=0.0)
+        ),
+        executor=FakeExecutor(script),
+        journal=journal.Journal(tmp_path / "ctl"),
+        placement=placement.Placement.build(nproc=2, nodes=1, spare=0),
+        sink=sink,
+        clock=lambda: next(ticks),
+        sleep=lambda _s: None,
+    )
+    try:
+        assert ctl.run() == 0
+        # Finding, then the restart's pending, running and succeeded states, all before the end.
+        assert seen_during_run == [4]
+        kinds = [type(r).__name__ for r in started[0].records]
+        assert kinds == ["Finding", "Action", "Action", "Action"]
+    finally:
+        sink.close()
+        for r in started:
+            r.stop()

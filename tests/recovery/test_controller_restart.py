@@ -30,6 +30,7 @@ def vigil_run(run_dir: Path, toy: Path, die_at: str | None) -> subprocess.Comple
         "TOY_STEP_S": "0.03",
         "TOY_CRASH": "0:1:3",
     }
+    env[EnvVar.OUTPUT_DIR.value] = str(run_dir.parent / "out")  # the job's record stays in tmp
     env.pop(EnvVar.CONTROLLER_DIE_AT, None)
     if die_at:
         env[EnvVar.CONTROLLER_DIE_AT] = die_at

@@ -41,6 +41,9 @@ def test_quick_demo_finds_names_and_recovers_three_faults(tmp_path: Path) -> Non
         assert detected is not None and 0 <= detected <= DETECTED_WITHIN_S[fault], row
         assert row["steps_lost"] <= 1 and row["recover_s"] is not None, row
     assert "migrate" in rows["straggler"]["action"]
+    # The straggler's node was diagnosed for real (the CPU suite here): healthy, not cordoned.
+    assert "diagnose" in rows["straggler"]["action"]
+    assert rows["straggler"]["diagnosis"] == "node-1: pass", rows["straggler"]
     assert rows["hang"]["action"].startswith("dump_stacks")
     assert "all three faults detected" in done.stdout
     # The controller's journal and the collector's store were left for inspection.

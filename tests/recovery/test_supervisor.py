@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from vigil import codec
+from vigil.env import EnvVar
 from vigil.recovery.controller import crash_finding_id
 from vigil.schema import Action, ActionKind, ActionState
 
@@ -21,6 +22,9 @@ VIGIL = [sys.executable, "-m", "vigil"]
 def run_vigil(
     args: list[str], env: dict[str, str], timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
+    if "--run-dir" in args:  # the job's record (controller.jsonl) beside the run dir, in tmp
+        run_dir = Path(args[args.index("--run-dir") + 1])
+        env = {EnvVar.OUTPUT_DIR.value: str(run_dir.parent / "out"), **env}
     return subprocess.run(
         [*VIGIL, *args],
         env={**os.environ, **env},
@@ -81,6 +85,16 @@ def test_gloo_job_recovers_from_repeated_crashes_by_restart_then_migration(tmp_p
         (crash_finding_id("toy", 0, 1), ActionKind.RESTART, ActionState.SUCCEEDED),
         (crash_finding_id("toy", 1, 1), ActionKind.MIGRATE, ActionState.SUCCEEDED),
     }
+    # Each restart names the attempt it launched; the job's record keeps them for vigil analyze.
+    assert sorted((a.attempt, a.kind) for a in actions.values()) == [
+        (1, ActionKind.RESTART),
+        (2, ActionKind.MIGRATE),
+    ]
+    record = [
+        codec.decode_json(ln)
+        for ln in (tmp_path / "out" / "toy" / "controller.jsonl").read_bytes().splitlines()
+    ]
+    assert [r.kind for r in record if not isinstance(r, Action)] == ["crash", "crash"]
     migrate = next(a for a in actions.values() if a.kind is ActionKind.MIGRATE)
     assert migrate.target == "node-0" and "node-2,node-1" in migrate.result
     rows = progress(toy, 1)
