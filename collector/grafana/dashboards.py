@@ -93,8 +93,8 @@ def _links() -> list[Json]:
 
 
 def training_job() -> Json:
-    median = f"{rules.STEP_P50}{{{JOB}}}"
-    ratio = f"{rules.STEP_TIME}{{{RANK}}} / on (namespace, job_id) group_left {median}"
+    median = f"{rules.COMPUTE_P50}{{{JOB}}}"
+    ratio = f"{rules.compute('{' + RANK + '}')} / on (namespace, job_id) group_left {median}"
     panels = [
         _ts(
             "Step time p50 / p99 / max",
@@ -107,34 +107,36 @@ def training_job() -> Json:
             minimum=0,
         ),
         _ts(
-            f"Slowest {TOP} ranks: step time",
-            "The ranks with the longest last step (top-k, per evaluation).",
+            f"Slowest {TOP} ranks: compute time",
+            "The ranks with the longest compute in their last step (step minus exposed "
+            "communication wait): a straggler's peers wait for it, so its step time alone "
+            "does not stand out, its compute does (top-k per evaluation).",
             "s",
             Query(
-                expr=f"topk({TOP}, {rules.STEP_TIME}{{{RANK}}})",
+                expr=f"topk({TOP}, {rules.compute('{' + RANK + '}')})",
                 legend="{{job_id}} rank {{rank}}",
             ),
-            link=job_link("metric=step_time" + RANK_LINK),
+            link=job_link("metric=compute" + RANK_LINK),
             minimum=0,
         ),
         Panel(
             kind="status-history",
-            title=f"Slowest {TOP} ranks over time (step time / job median)",
-            description="One row per rank among the slowest; 1 = the job's median step time.",
+            title=f"Slowest {TOP} ranks over time (compute / job median)",
+            description="One row per rank among the slowest; 1 = the job's median compute time.",
             unit="none",
             queries=(Query(expr=f"topk({TOP}, {ratio})", legend="rank {{rank}}"),),
-            link=job_link("metric=step_time" + RANK_LINK),
+            link=job_link("metric=compute" + RANK_LINK),
             width=24,
         ),
         Panel(
             kind="heatmap",
-            title="Ranks by step time relative to the job median",
-            description="How many ranks fall in each band of step time over the job's median "
-            "(recorded buckets, so the panel reads 9 series per job).",
+            title="Ranks by compute time relative to the job median",
+            description="How many ranks fall in each band of compute time over the job's "
+            "median (recorded buckets, so the panel reads 9 series per job).",
             unit="none",
             queries=(
                 Query(
-                    expr=f"sum by (le) ({rules.STEP_RATIO_BUCKET}{{{JOB}}})",
+                    expr=f"sum by (le) ({rules.COMPUTE_RATIO_BUCKET}{{{JOB}}})",
                     legend="{{le}}",
                     heatmap=True,
                 ),

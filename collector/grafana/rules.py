@@ -17,12 +17,21 @@ from vigil.collector.grafana import builder
 
 BY_JOB = "by (namespace, job_id)"
 STEP_TIME = "vigil_sdk_step_time_seconds"
+COMM_WAIT = "vigil_sdk_comm_wait_seconds"
+
+
+def compute(selector: str = "") -> str:
+    """A rank's compute time: its step minus the communication it waited for (a straggler's
+    own step time equals its peers', who wait for it; its compute time stands out)."""
+    return f"({STEP_TIME}{selector} - {COMM_WAIT}{selector})"
+
 
 # Recording rules (names follow Prometheus' level:metric:operations convention).
 STEP_P50 = "vigil:job_step_time_seconds:p50"
 STEP_P99 = "vigil:job_step_time_seconds:p99"
 STEP_MAX = "vigil:job_step_time_seconds:max"
-STEP_RATIO_BUCKET = "vigil:job_step_time_ratio:bucket"
+COMPUTE_P50 = "vigil:job_compute_seconds:p50"
+COMPUTE_RATIO_BUCKET = "vigil:job_compute_ratio:bucket"
 MFU_AVG = "vigil:job_mfu_ratio:avg"
 MFU_MIN = "vigil:job_mfu_ratio:min"
 TOKENS = "vigil:job_tokens_per_second:sum"
@@ -31,7 +40,7 @@ RANKS = "vigil:job_ranks:count"
 HUNG = "vigil:job_hung_ranks:sum"
 PROGRESS_AGE = "vigil:job_progress_age_seconds:max"
 GPU_UTIL = "vigil:job_gpu_utilization_ratio:avg"
-# Upper bounds of the step-time heatmap: a rank's step time over its job's median.
+# Upper bounds of the compute-time heatmap: a rank's compute time over its job's median.
 RATIO_BOUNDS = ("0.9", "1", "1.05", "1.1", "1.25", "1.5", "2", "3", "+Inf")
 
 
@@ -50,15 +59,16 @@ class RuleConfig:
 
 
 def recording_rules() -> list[dict[str, Any]]:
-    per_rank_ratio = f"{STEP_TIME} / on (namespace, job_id) group_left {STEP_P50}"
+    per_rank_ratio = f"{compute()} / on (namespace, job_id) group_left {COMPUTE_P50}"
     rules: list[dict[str, Any]] = [
         {"record": STEP_P50, "expr": f"quantile {BY_JOB} (0.5, {STEP_TIME})"},
         {"record": STEP_P99, "expr": f"quantile {BY_JOB} (0.99, {STEP_TIME})"},
         {"record": STEP_MAX, "expr": f"max {BY_JOB} ({STEP_TIME})"},
+        {"record": COMPUTE_P50, "expr": f"quantile {BY_JOB} (0.5, {compute()})"},
     ]
     rules += [
         {
-            "record": STEP_RATIO_BUCKET,
+            "record": COMPUTE_RATIO_BUCKET,
             "expr": f"sum {BY_JOB} ({per_rank_ratio} <= bool {bound.lstrip('+')})",
             "labels": {"le": bound},
         }
@@ -73,7 +83,7 @@ def recording_rules() -> list[dict[str, Any]]:
         },
         {
             "record": COMM_SHARE,
-            "expr": f"quantile {BY_JOB} (0.5, vigil_sdk_comm_wait_seconds / ({STEP_TIME} > 0))",
+            "expr": f"quantile {BY_JOB} (0.5, {COMM_WAIT} / ({STEP_TIME} > 0))",
         },
         {"record": RANKS, "expr": f"count {BY_JOB} (vigil_sdk_last_step)"},
         {"record": HUNG, "expr": f"sum {BY_JOB} (vigil_sdk_hang_suspected)"},

@@ -152,4 +152,4 @@ def test_every_panel_of_the_training_dashboard_has_a_ui_link_or_a_reason() -> No
     board = dashboards.training_job()
     unlinked = [p["title"] for p in board["panels"] if not p["fieldConfig"]["defaults"]["links"]]
     # The heatmap's series are bands of ranks (le buckets), not a job or a rank.
-    assert unlinked == ["Ranks by step time relative to the job median"]
+    assert unlinked == ["Ranks by compute time relative to the job median"]

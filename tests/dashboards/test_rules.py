@@ -105,11 +105,14 @@ CASES = [
 ]
 
 STEP = 'vigil_sdk_step_time_seconds{job_id="j1", node="n1", rank="%d"}'
+WAIT = 'vigil_sdk_comm_wait_seconds{job_id="j1", node="n1", rank="%d"}'
 RECORDING = {
     "interval": "10s",
-    # Ranks 0-2 take 1 s a step, rank 3 takes 2 s: median 1, ratio buckets put 3 ranks <= 1.
+    # Ranks 0-2 take 1 s a step, rank 3 takes 2 s; ranks 0-2 wait 0.5 s for rank 3's extra
+    # compute (0.5 s more than theirs): compute 0.5, 0.5, 0.5, 1.5 -> 3 ranks <= 1x the median.
     "input_series": [{"series": STEP % r, "values": "1x10"} for r in range(3)]
-    + [{"series": STEP % 3, "values": "2x10"}],
+    + [{"series": STEP % 3, "values": "2x10"}]
+    + [{"series": WAIT % r, "values": "0.5x10"} for r in range(4)],
     "promql_expr_test": [
         {
             "expr": rules.STEP_P50,
@@ -122,11 +125,16 @@ RECORDING = {
             "exp_samples": [{"labels": f'{rules.STEP_MAX}{{job_id="j1"}}', "value": 2}],
         },
         {
-            "expr": f'{rules.STEP_RATIO_BUCKET}{{le=~"1|1.5|\\\\+Inf"}}',
+            "expr": rules.COMPUTE_P50,
+            "eval_time": "1m",
+            "exp_samples": [{"labels": f'{rules.COMPUTE_P50}{{job_id="j1"}}', "value": 0.5}],
+        },
+        {
+            "expr": f'{rules.COMPUTE_RATIO_BUCKET}{{le=~"1|2|3|\\\\+Inf"}}',
             "eval_time": "1m",
             "exp_samples": [
-                {"labels": f'{rules.STEP_RATIO_BUCKET}{{job_id="j1", le="{le}"}}', "value": v}
-                for le, v in (("+Inf", 4), ("1", 3), ("1.5", 3))
+                {"labels": f'{rules.COMPUTE_RATIO_BUCKET}{{job_id="j1", le="{le}"}}', "value": v}
+                for le, v in (("+Inf", 4), ("1", 3), ("2", 3), ("3", 4))
             ],
         },
     ],
