@@ -225,6 +225,9 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the collector serving its web UI afterwards"
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -238,7 +241,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vigil-demo-"))
     console.print(f"vigil demo: working in {workdir} (collector, agent, controller, 4 ranks)")
     started = time.monotonic()
-    code, rows, url = demo.run(workdir=workdir, quick=args.quick, port=args.port)
+    port = args.port or local.free_port()
+    console.print(f"web UI: http://127.0.0.1:{port}/ui/ (live while the demo runs)")
+    code, rows, url = demo.run(workdir=workdir, quick=args.quick, port=port, keep=args.keep)
     if args.json:
         sys.stdout.write(demo.describe(rows) + "\n")
     table = Table(title=f"vigil demo: {time.monotonic() - started:.0f} s")
@@ -258,6 +263,11 @@ def _run_demo(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print(f"collector was at {url} (store: {workdir / 'collector.sqlite3'})")
+    if args.keep:
+        pid = workdir / "collector.pid"
+        console.print(
+            f"the collector keeps serving the web UI at {url}/ui/ (stop it: kill $(cat {pid}))"
+        )
     console.print("all three faults detected, named and recovered" if code == 0 else "demo FAILED")
     return code
 

@@ -113,8 +113,10 @@ def wait_ready(url: str, *, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def platform(workdir: Path, port: int = 0) -> Iterator[str]:
-    """A collector (SQLite in `workdir`, streaming analyzer on) and a node agent; yields the URL."""
+def platform(workdir: Path, port: int = 0, *, keep: bool = False) -> Iterator[str]:
+    """A collector (SQLite in `workdir`, streaming analyzer on) and a node agent; yields the URL.
+    `keep`: the collector (and its web UI) goes on serving after the demo; its pid is written to
+    `workdir/collector.pid`."""
     port = port or local.free_port()
     url = f"http://127.0.0.1:{port}"
     python = sys.executable
@@ -135,15 +137,20 @@ def platform(workdir: Path, port: int = 0) -> Iterator[str]:
         )  # fmt: skip
         yield url
     finally:
+        if keep and services.procs:
+            (workdir / "collector.pid").write_text(f"{services.procs[0].pid}\n")
+            services.procs = services.procs[1:]
         services.stop()
 
 
-def run(*, workdir: Path, quick: bool, port: int = 0) -> tuple[int, list[FaultRow], str]:
+def run(
+    *, workdir: Path, quick: bool, port: int = 0, keep: bool = False
+) -> tuple[int, list[FaultRow], str]:
     """Run the demo in `workdir`; returns (exit code, one row per fault, the collector URL)."""
     plan = DemoPlan.make(quick=quick)
     workdir.mkdir(parents=True, exist_ok=True)
     job = f"demo-{int(time.time())}"
-    with platform(workdir, port) as url:
+    with platform(workdir, port, keep=keep) as url:
         code = supervise(
             TrainJob(job=job, url=url, workdir=workdir, steps=plan.steps, faults=plan.faults())
         )
