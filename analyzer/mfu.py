@@ -4,8 +4,10 @@ At each step the median of the last `recent_steps` values is compared with the m
 `baseline_steps` before them; a drop larger than `min_drop` of the baseline and `z_threshold`
 robust standard errors is a change point, refined to the split that best separates the two
 windows. The drop is then attributed by which component of step time grew: a straggler (max
-compute up, median not), GPU throttling (NVML SM clocks down or a harmful throttle reason),
-communication (collective transfer up) or data loading (data time up). Pure numpy.
+compute per token up, median not), sequence-length imbalance (max compute up only as far as
+its rank's larger share of tokens explains, as in `stragglers.py`), GPU throttling (NVML SM
+clocks down or a harmful throttle reason), communication (collective transfer up) or data
+loading (data time up). Pure numpy.
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ def attribute(
     before = slice(max(0, change - cfg.baseline_steps), change)
     after = slice(change, min(a.num_steps, change + cfg.recent_steps))
     compute = a.compute_s()
+    # Compute weighed by tokens: a rank slow only by its larger share of tokens is no straggler.
+    weighed = token_weighed(compute, a.tokens)
 
     def delta(values: robust.FloatArray, reduce: str) -> tuple[float, float]:
         fn = np.nanmax if reduce == "max" else np.nanmedian
@@ -161,19 +165,30 @@ def attribute(
     parts = {
         "data loading": delta(a.data_s, "median"),
         "compute on every rank": delta(compute, "median"),
-        "a straggler": delta(compute, "max"),
+        "a straggler": delta(weighed, "max"),
         "communication": delta(a.transfer_s, "max"),
     }
     growth = {k: v[1] - v[0] for k, v in parts.items()}
-    growth["a straggler"] -= max(0.0, growth["compute on every rank"])
+    everywhere = max(0.0, growth["compute on every rank"])
+    growth["a straggler"] -= everywhere
+    raw_max = delta(compute, "max")
+    if weighed is not compute:  # what the most loaded rank's extra tokens alone explain
+        parts[_IMBALANCE] = raw_max
+        growth[_IMBALANCE] = (
+            (raw_max[1] - raw_max[0]) - everywhere - max(0.0, growth["a straggler"])
+        )
     cause = max(growth, key=lambda k: growth[k])
     ev = [
         findings.evidence(
             {
                 "data loading": "data_time",
                 "compute on every rank": "compute_time",
-                "a straggler": "max_compute_time",
+                # Weighed by tokens when they vary (then the raw max is the imbalance's).
+                "a straggler": (
+                    "max_compute_time" if weighed is compute else "max_token_weighed_compute_time"
+                ),
                 "communication": "max_transfer_time",
+                _IMBALANCE: "max_compute_time",
             }[k],
             v[1],
             v[0],
@@ -182,8 +197,10 @@ def attribute(
         for k, v in parts.items()
     ]
     subjects = schema.Subjects()
+    if cause == _IMBALANCE:
+        return _imbalance(a, before, after, ev)
     if cause == "a straggler":
-        col = int(np.nanargmax(np.nanmedian(compute[after], axis=0)))
+        col = int(np.nanargmax(np.nanmedian(weighed[after], axis=0)))
         subjects = schema.Subjects(
             ranks=[int(a.ranks[col])], nodes=[a.nodes[col]] if a.nodes[col] else []
         )
@@ -210,6 +227,42 @@ def attribute(
         label = "compute slowdown on every rank"
     note = f" (rank {subjects.ranks[0]})" if cause == "a straggler" and subjects.ranks else ""
     return label, subjects, ev, note
+
+
+_IMBALANCE = "sequence-length imbalance"
+
+
+def token_weighed(compute: robust.FloatArray, tokens: robust.FloatArray) -> robust.FloatArray:
+    """Each rank's compute per token times its step's median tokens (seconds, comparable across
+    ranks whatever their share of tokens); `compute` itself when tokens are not known or do not
+    vary. Entries without tokens keep their raw compute."""
+    finite = tokens[np.isfinite(tokens) & (tokens > 0)]
+    if not finite.size or float(finite.max()) == float(finite.min()):
+        return compute
+    with np.errstate(all="ignore"):
+        counted = np.where(tokens > 0, tokens, np.nan)
+        median = np.nanmedian(counted, axis=1, keepdims=True)
+        weighed = compute * (median / counted)
+    out: robust.FloatArray = np.where(np.isfinite(weighed), weighed, compute).astype(compute.dtype)
+    return out
+
+
+def _imbalance(
+    a: arrays_mod.StepArrays, before: slice, after: slice, ev: list[schema.Evidence]
+) -> tuple[str, schema.Subjects, list[schema.Evidence], str]:
+    """The drop follows tokens: the job's finding (no rank to blame), naming the busiest rank."""
+    with np.errstate(all="ignore"):
+        tokens = np.nanmedian(a.tokens[after], axis=0)
+        baseline = float(np.nanmedian(a.tokens[before]))
+    col = int(np.nanargmax(tokens))
+    most, median = float(tokens[col]), float(np.nanmedian(tokens))
+    ev.append(findings.evidence("max_tokens", most, median, note="busiest rank vs the median"))
+    share = f"{most / median:.2g}x" if median > 0 else "more"
+    note = (
+        f" (rank {int(a.ranks[col])} has {share} the median tokens; tokens per rank were "
+        f"{baseline:.0f} before)"
+    )
+    return _IMBALANCE, schema.Subjects(), ev, note
 
 
 def _throttled_columns(

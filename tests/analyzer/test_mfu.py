@@ -122,3 +122,85 @@ def test_mfu_drop_reports_the_hand_computed_levels(mode: str) -> None:
     # Evidence carries six significant digits.
     assert observed == pytest.approx(MFU_AFTER, rel=1e-5)
     assert baseline == pytest.approx(MFU_BEFORE, rel=1e-5)
+
+
+# Recorded-style records of 8 ranks: each step every rank computes (forward + backward) for a
+# time proportional to its tokens, and the ranks that finish first wait for the last one in the
+# gradient all-reduce (comm_wait_s). From step 60 rank 2 either gets twice the tokens (a longer
+# sequence share: 2x compute, for its 2x work) or computes 1.6x slower on the same tokens.
+RANKS, HEAVY = 8, 2
+PER_TOKEN_S = 0.2 / TOKENS  # 0.2 s of compute for the usual 2,048 tokens
+
+
+def _imbalanced_job(fault: str) -> list[schema.Record]:
+    rng = np.random.default_rng(5)
+    job = schema.Job(job_id="imb", world_size=RANKS, model=SHAPE, peak_flops=PEAK)
+    records: list[schema.Record] = [job]
+    start = 1_800_000_000.0
+    for step in range(100):
+        tokens = np.full(RANKS, TOKENS)
+        slowness = np.ones(RANKS)
+        if step >= 60 and fault == "tokens":
+            tokens[HEAVY] = 2 * TOKENS
+        if step >= 60 and fault == "slow":
+            slowness[HEAVY] = 1.6
+        compute = tokens * PER_TOKEN_S * slowness * rng.lognormal(0, 0.01, RANKS)
+        seconds = float(compute.max()) + 0.05  # everyone waits for the last, then transfers
+        records += [
+            schema.StepRecord(
+                job_id="imb",
+                rank=rank,
+                step=step,
+                start_s=start,
+                end_s=start + seconds,
+                forward_s=float(compute[rank]) / 3,
+                backward_s=float(compute[rank]) * 2 / 3,
+                comm_wait_s=seconds - float(compute[rank]),  # blocked in the all-reduce
+                tokens=int(tokens[rank]),
+                model_flops=float(tokens[rank]) * FLOPS_PER_TOKEN,
+            )
+            for rank in range(RANKS)
+        ]
+        start += seconds
+    return records
+
+
+def test_a_token_heavy_rank_is_not_blamed_as_a_straggler_for_an_mfu_drop() -> None:
+    found = engine.analyze_records(_imbalanced_job("tokens"))
+    [drop] = [f for f in found if f.kind == schema.FindingKind.MFU_DROP]
+    assert drop.step_start == 60
+    assert "straggler" not in drop.summary, drop.summary
+    assert "sequence-length imbalance" in drop.summary and f"rank {HEAVY} has 2x" in drop.summary
+    assert drop.subjects.ranks == []  # the job's finding: no rank is at fault
+    weighed = next(e for e in drop.evidence if e.metric == "max_token_weighed_compute_time")
+    assert weighed.observed == pytest.approx(weighed.baseline, rel=0.05)  # per token: unchanged
+    raw = next(e for e in drop.evidence if e.metric == "max_compute_time")
+    assert raw.observed == pytest.approx(2 * (raw.baseline or 0), rel=0.05)
+    busiest = next(e for e in drop.evidence if e.metric == "max_tokens")
+    assert (busiest.observed, busiest.baseline) == (2 * TOKENS, TOKENS)
+    # The straggler detector agrees: nobody straggles.
+    assert not [f for f in found if f.kind == schema.FindingKind.STRAGGLER]
+
+
+def test_a_genuinely_slow_rank_is_still_the_straggler_of_an_mfu_drop() -> None:
+    found = engine.analyze_records(_imbalanced_job("slow"))
+    [drop] = [f for f in found if f.kind == schema.FindingKind.MFU_DROP]
+    assert drop.step_start == 60
+    assert f"a straggler (rank {HEAVY})" in drop.summary, drop.summary
+    assert drop.subjects.ranks == [HEAVY]
+    level = drop.evidence[0]
+    # MFU before: 2,048 x 12,291,456 / (0.2 + 0.05 s) / 2e11; after: / (0.32 + 0.05 s).
+    assert level.baseline == pytest.approx(MFU_BEFORE, rel=0.03)
+    assert level.observed == pytest.approx(MFU_BEFORE * 0.25 / 0.37, rel=0.03)
+
+
+def test_token_weighing_leaves_compute_alone_without_varying_tokens() -> None:
+    compute = np.array([[0.2, 0.4], [0.2, 0.2]], dtype=np.float32)
+    same = np.full((2, 2), 8.0, dtype=np.float32)
+    assert mfu.token_weighed(compute, same) is compute
+    assert mfu.token_weighed(compute, np.zeros((2, 2), dtype=np.float32)) is compute
+    tokens = np.array([[8.0, 16.0], [8.0, 0.0]], dtype=np.float32)
+    weighed = mfu.token_weighed(compute, tokens)
+    # Row 0: median tokens 12; 0.2 x 12/8 and 0.4 x 12/16 (the same per token). Row 1: rank 1
+    # reported no tokens and keeps its raw compute.
+    assert weighed.ravel().tolist() == pytest.approx([0.3, 0.3, 0.2, 0.2])
