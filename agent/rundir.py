@@ -290,16 +290,19 @@ def expire(
     ttl_s: float,
     now_s: float,
     alive: Callable[[int], bool] = pid_alive,
+    job: str | None = None,
 ) -> list[Path]:
-    """The node agent's sweep: remove every run folder under `root` whose processes are all
-    gone, whose spools are drained (replayed) and released, and whose last activity is at
-    least `ttl_s` old; the removed folders."""
+    """The node agent's sweep: remove every run folder under `root` (of `job` alone when given:
+    a launcher tidying after its job) whose processes are all gone, whose spools are drained
+    (replayed) and released, and whose last activity is at least `ttl_s` old; the removed
+    folders."""
     root = Path(root)
     removed: list[Path] = []
     if not root.is_dir():
         return removed
-    for job in _folders(root):
-        for folder in _folders(job):
+    jobs = _folders(root) if job is None else [p for p in _folders(root) if p.name == job]
+    for job_dir in jobs:
+        for folder in _folders(job_dir):
             try:
                 if _in_use(folder, alive=alive, keep_crashed=False):
                     continue
@@ -311,6 +314,6 @@ def expire(
             removed.append(folder)
             log.info("expired the progress folder %s (its processes are gone)", folder)
         with contextlib.suppress(OSError):
-            if not any(job.iterdir()) and now_s - _mtime(job) >= ttl_s:
-                job.rmdir()
+            if not any(job_dir.iterdir()) and now_s - _mtime(job_dir) >= ttl_s:
+                job_dir.rmdir()
     return removed

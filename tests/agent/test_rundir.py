@@ -187,6 +187,7 @@ def test_expiry_waits_for_dead_processes_the_ttl_and_replayed_spools(tmp_path: P
         _age(folder, 10_000)
     aged = time.time() - 10_000
     assert rundir.expire(root, ttl_s=600, now_s=aged + 500, alive=_alive) == []  # < the TTL
+    assert rundir.expire(root, ttl_s=600, now_s=time.time(), alive=_alive, job="k") == []
     assert rundir.expire(root, ttl_s=600, now_s=time.time(), alive=_alive) == [dead]
     assert not (root / "j" / "dead").exists() and live.exists() and unsent.exists()
     assert own.is_dir() and (root / "k" / "unsent" / "rank-00000.spool").is_dir()
