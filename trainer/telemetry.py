@@ -73,10 +73,13 @@ class Telemetry:
         collector: str | None,
         **more: Any,
     ) -> None:
+        # No URL given: leave the SDK's default, which reads $VIGIL_COLLECTOR_URL (the trainer's
+        # documented fallback); the SDK takes an explicit None as "no collector".
+        if collector is not None:
+            more["collector"] = collector
         self._call(
             "init",
             job=job,
-            collector=collector,
             output_dir=output_dir,
             rank=rank,
             world_size=world_size,
