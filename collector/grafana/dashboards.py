@@ -18,6 +18,22 @@ RANK = f'{JOB}, node=~"$node", rank=~"$rank"'
 TOP = 10  # ranks, GPUs or nodes a per-entity panel shows
 RI = "$__rate_interval"
 RANK_LINK = "&rank=${__field.labels.rank}"
+RANGE = "$__range"  # the dashboard's whole time range
+
+
+def pinned(pick: str, expr: str, on: str, over: str) -> str:
+    """`expr` for the TOP series `pick` (topk / bottomk) chooses by `over` evaluated once at the
+    range's end (`@ end()`): the same series at every step, so a range query returns TOP series
+    rather than TOP new ones per step."""
+    return f"{expr} and on ({on}) {pick}({TOP}, {over})"
+
+
+def over_range(expr: str, *, fn: str = "avg_over_time", subquery: bool = False) -> str:
+    """`fn` of `expr` over the dashboard's range, at its end; a subquery (1 m resolution) when
+    `expr` is not a plain selector."""
+    window = f"[{RANGE}:1m]" if subquery else f"[{RANGE}]"
+    return f"{fn}({expr}{window} @ end())"
+
 
 UIDS = {
     "training-job": "vigil-training-job",
@@ -94,7 +110,8 @@ def _links() -> list[Json]:
 
 def training_job() -> Json:
     median = f"{rules.COMPUTE_P50}{{{JOB}}}"
-    ratio = f"{rules.compute('{' + RANK + '}')} / on (namespace, job_id) group_left {median}"
+    compute = rules.compute("{" + RANK + "}")
+    ratio = f"({compute} / on (namespace, job_id) group_left {median})"
     panels = [
         _ts(
             "Step time p50 / p99 / max",
@@ -113,7 +130,7 @@ def training_job() -> Json:
             "does not stand out, its compute does (top-k per evaluation).",
             "s",
             Query(
-                expr=f"topk({TOP}, {rules.compute('{' + RANK + '}')})",
+                expr=pinned("topk", compute, "job_id, rank", over_range(compute, subquery=True)),
                 legend="{{job_id}} rank {{rank}}",
             ),
             link=job_link("metric=compute" + RANK_LINK),
@@ -124,7 +141,12 @@ def training_job() -> Json:
             title=f"Slowest {TOP} ranks over time (compute / job median)",
             description="One row per rank among the slowest; 1 = the job's median compute time.",
             unit="none",
-            queries=(Query(expr=f"topk({TOP}, {ratio})", legend="rank {{rank}}"),),
+            queries=(
+                Query(
+                    expr=pinned("topk", ratio, "job_id, rank", over_range(ratio, subquery=True)),
+                    legend="rank {{rank}}",
+                ),
+            ),
             link=job_link("metric=compute" + RANK_LINK),
             width=24,
         ),
@@ -268,7 +290,9 @@ def _gpu(title: str, desc: str, unit: str, metric: str, pick: str = "topk") -> P
         desc,
         unit,
         Query(
-            expr=f"{pick}({TOP}, {metric}{{{RANK}}})",
+            expr=pinned(
+                pick, f"{metric}{{{RANK}}}", "node, device", over_range(f"{metric}{{{RANK}}}")
+            ),
             legend="{{job_id}} rank {{rank}} {{pod}} ({{node}} {{device}})",
         ),
         link=job_link("metric=step_time" + RANK_LINK),
@@ -277,11 +301,13 @@ def _gpu(title: str, desc: str, unit: str, metric: str, pick: str = "topk") -> P
 
 def _host(title: str, desc: str, unit: str, metric: str) -> Panel:
     on_job = f"and on (node) vigil_sdk_last_step{{{RANK}}}"
+    series = f'{metric}{{{NS}, node=~"$node"}}'
+    over = f"({over_range(series)} {on_job} @ end())"
     return _ts(
         title,
         desc + " Nodes running the selected jobs' ranks.",
         unit,
-        Query(expr=f'topk({TOP}, {metric}{{{NS}, node=~"$node"}} {on_job})', legend="{{node}}"),
+        Query(expr=pinned("topk", f"{series} {on_job}", "node", over), legend="{{node}}"),
     )
 
 
@@ -291,7 +317,12 @@ def _counter(title: str, desc: str, metric: str) -> Panel:
         desc,
         "short",
         Query(
-            expr=f"topk({TOP}, increase({metric}{{{RANK}}}[{RI}]))",
+            expr=pinned(
+                "topk",
+                f"increase({metric}{{{RANK}}}[{RI}])",
+                "node, device",
+                over_range(f"{metric}{{{RANK}}}", fn="increase"),
+            ),
             legend="{{job_id}} rank {{rank}} ({{node}} {{device}})",
         ),
         link=job_link("metric=step_time" + RANK_LINK),
@@ -338,7 +369,12 @@ def gpu_node() -> Json:
             unit="none",
             queries=(
                 Query(
-                    expr=f"topk({TOP}, vigil_gpu_throttle_reasons{{{RANK}}})",
+                    expr=pinned(
+                        "topk",
+                        f"vigil_gpu_throttle_reasons{{{RANK}}}",
+                        "node, device",
+                        over_range(f"vigil_gpu_throttle_reasons{{{RANK}}}", fn="max_over_time"),
+                    ),
                     legend="{{job_id}} rank {{rank}} ({{node}} {{device}})",
                 ),
             ),
@@ -398,6 +434,7 @@ def fleet() -> Json:
     coll = f"{{{NS}}}"
     running = f"(vigil_collector_job_running{coll} == 1)"
     goodput = f"vigil_collector_job_goodput_ratio{coll}"
+    running_at_end = f"(vigil_collector_job_running{coll} @ end() == 1)"
     panels = [
         _stat(
             "Jobs running",
@@ -444,7 +481,12 @@ def fleet() -> Json:
             "Share of wall time not lost to recoveries, for the running jobs faring worst.",
             "percentunit",
             Query(
-                expr=f"bottomk({TOP}, {goodput} and on (job_id) {running})",
+                expr=pinned(
+                    "bottomk",
+                    f"{goodput} and on (job_id) {running}",
+                    "job_id",
+                    f"({over_range(goodput)} and on (job_id) {running_at_end})",
+                ),
                 legend="{{job_id}}",
             ),
             link=job_link(),
@@ -476,7 +518,15 @@ def fleet() -> Json:
             f"Slowest {TOP} jobs: step time p50",
             "Median step time of the jobs with the longest steps.",
             "s",
-            Query(expr=f"topk({TOP}, {rules.STEP_P50}{coll})", legend="{{job_id}}"),
+            Query(
+                expr=pinned(
+                    "topk",
+                    f"{rules.STEP_P50}{coll}",
+                    "job_id",
+                    over_range(f"{rules.STEP_P50}{coll}"),
+                ),
+                legend="{{job_id}}",
+            ),
             link=job_link("metric=step_time"),
             minimum=0,
         ),
@@ -484,7 +534,15 @@ def fleet() -> Json:
             f"Lowest {TOP} jobs: MFU",
             "Mean MFU of the jobs with the lowest.",
             "percentunit",
-            Query(expr=f"bottomk({TOP}, {rules.MFU_AVG}{coll})", legend="{{job_id}}"),
+            Query(
+                expr=pinned(
+                    "bottomk",
+                    f"{rules.MFU_AVG}{coll}",
+                    "job_id",
+                    over_range(f"{rules.MFU_AVG}{coll}"),
+                ),
+                legend="{{job_id}}",
+            ),
             link=job_link("metric=mfu"),
             minimum=0,
         ),
@@ -521,25 +579,45 @@ def vigil_self() -> Json:
             "Agent queue depth",
             "Records waiting to be shipped, deepest queues.",
             "short",
-            f"topk({TOP}, vigil_agent_queue_depth{coll} {on_node})",
+            pinned(
+                "topk",
+                f"vigil_agent_queue_depth{coll} {on_node}",
+                "instance",
+                over_range(f"vigil_agent_queue_depth{coll}"),
+            ),
         ),
         _agent(
             "Agent spool size",
             "Bytes spooled while the collector is away.",
             "bytes",
-            f"topk({TOP}, vigil_agent_spool_bytes{coll} {on_node})",
+            pinned(
+                "topk",
+                f"vigil_agent_spool_bytes{coll} {on_node}",
+                "instance",
+                over_range(f"vigil_agent_spool_bytes{coll}"),
+            ),
         ),
         _agent(
             "Agent drops",
             "Records agents dropped per second (queue or spool full).",
             "short",
-            f"topk({TOP}, rate(vigil_agent_dropped_records_total{coll}[{RI}]) {on_node})",
+            pinned(
+                "topk",
+                f"rate(vigil_agent_dropped_records_total{coll}[{RI}]) {on_node}",
+                "instance",
+                over_range(f"vigil_agent_dropped_records_total{coll}", fn="increase"),
+            ),
         ),
         _agent(
             "Agent ship errors",
             "Failed POSTs to the collector per second.",
             "short",
-            f"topk({TOP}, rate(vigil_agent_ship_errors_total{coll}[{RI}]) {on_node})",
+            pinned(
+                "topk",
+                f"rate(vigil_agent_ship_errors_total{coll}[{RI}]) {on_node}",
+                "instance",
+                over_range(f"vigil_agent_ship_errors_total{coll}", fn="increase"),
+            ),
         ),
         _ts(
             "SDK drops and errors by job",

@@ -38,6 +38,9 @@ EXEMPT = {
     # Job-level series (recording rules, collector's store-derived series) carry no node or
     # rank: they are aggregated over them.
     ("*", "target-instance-rule:job-level"): "aggregated over nodes and ranks",
+    # target-rate-interval-rule: a top-k panel picks its k series once, by their increase over
+    # the whole range at its end (`[$__range] @ end()`), and plots `$__rate_interval` rates.
+    ("*", "target-rate-interval-rule:top-k selection"): "ranks series over the whole range",
 }
 
 
@@ -103,9 +106,13 @@ def test_panel_rules(board: dict[str, Any]) -> None:
 def test_target_rate_interval_and_counter_agg(board: dict[str, Any]) -> None:
     for panel, target in promql.targets(board):
         expr = target["expr"]
-        # target-rate-interval-rule: every range function over counters uses $__rate_interval.
-        for window in re.findall(r"(?:rate|increase|irate)\([^\[]*\[([^\]]*)\]", expr):
-            assert window == "$__rate_interval", (panel["title"], expr)
+        # target-rate-interval-rule: every range function over counters uses $__rate_interval,
+        # except the top-k selection over the whole range (EXEMPT: "[$__range] @ end()").
+        for window, pinned in re.findall(
+            r"(?:rate|increase|irate)\([^\[]*\[([^\]]*)\]( @ end\(\))?", expr
+        ):
+            ok = window == "$__rate_interval" or (window == "$__range" and pinned)
+            assert ok, (panel["title"], expr)
         # target-counter-agg-rule: a counter is only read through rate() or increase().
         for name, _ in promql.selectors(expr):
             if name.endswith(("_total", "_bucket")):

@@ -5,10 +5,10 @@ watching the progress pages of a 4-rank gloo job (tests/realjobs, the user-style
 rank 3 is an injected straggler (4x slower forward from step 8), and Debian's Prometheus on
 loopback scraping both every second with vigil's rule files loaded. No Grafana server exists on
 these machines: the panels' queries are taken from the generated JSON and sent to Prometheus
-as Grafana would, with `$namespace`, `$node`, `$rank` = All (`.*`), `$job` = the job and
-`$__rate_interval` = 10s. Each query must return at least one series, with the labels its
-legend names and a value in the panel's expected range; every panel link, filled in for the
-series, opens the web UI's job page (served by the same collector).
+as Grafana would, with `$namespace`, `$node`, `$rank` = All (`.*`), `$job` = the job,
+`$__rate_interval` = 10s and `$__range` = 1m. Each query must return at least one series, with
+the labels its legend names and a value in the panel's expected range; every panel link,
+filled in for the series, opens the web UI's job page (served by the same collector).
 
 Series that need hardware absent here come from a synthetic node agent instead: the agent's
 own exporter fed by its real NVML sampler over a stand-in NVML (tests/dashboards/synthetic.py),
@@ -54,7 +54,14 @@ RULE_FILES = sorted((ROOT / "dashboards" / "rules").glob("*.rules.yml"))
 JOB = "dash-e2e"
 NODE = "testnode"
 STEPS = 70
-VARIABLES = {"namespace": ".*", "job": JOB, "node": ".*", "rank": ".*", "__rate_interval": "10s"}
+VARIABLES = {
+    "namespace": ".*",
+    "job": JOB,
+    "node": ".*",
+    "rank": ".*",
+    "__rate_interval": "10s",
+    "__range": "1m",
+}
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 Result = list[dict[str, Any]]
 
