@@ -123,10 +123,9 @@ def _columns(
         if dense is not None:
             grid = data.reshape(int(by_step.max()) + 1, -1)
             if stride > 1:
-                # Steps lie in order: each column's steps are one run of grid rows.
-                column_of_step = column_of_row[np.searchsorted(by_step, np.arange(len(grid)))]
-                starts = np.flatnonzero(np.diff(column_of_step, prepend=-1))
-                grid = (np.maximum if reduce == Reduce.MAX else np.minimum).reduceat(grid, starts)
+                grid = _reduce_steps(
+                    grid, column_of_row[np.searchsorted(by_step, np.arange(len(grid)))], reduce
+                )
             return firsts, dense, grid
     # Each cell's rank and column; then only the cells with a value.
     cell_ranks = _ranks(chunks, lengths)
@@ -153,6 +152,26 @@ def _columns(
         worst.at(flat, cells, cell_values)
         flat[counts == 0] = math.nan
     return firsts, ranks, flat.reshape(num_columns, len(ranks))
+
+
+def _reduce_steps(
+    grid: npt.NDArray[np.float64], column_of_step: npt.NDArray[np.int64], reduce: Reduce
+) -> npt.NDArray[np.float64]:
+    """Pure: steps x ranks (steps in order) -> columns x ranks, each column's max or min.
+    When every column holds `stride` consecutive steps (no step missing), `stride` passes over
+    strided row views; otherwise one `reduceat` (slower along this axis)."""
+    worst = np.maximum if reduce == Reduce.MAX else np.minimum
+    num_columns = int(column_of_step[-1]) + 1
+    stride = math.ceil(len(grid) / num_columns)
+    if np.array_equal(column_of_step, np.arange(len(grid)) // stride):
+        out = grid[::stride].copy()
+        for k in range(1, stride):
+            part = grid[k::stride]
+            worst(out[: len(part)], part, out=out[: len(part)])
+        return out
+    starts = np.flatnonzero(np.diff(column_of_step, prepend=-1))
+    reduced: npt.NDArray[np.float64] = worst.reduceat(grid, starts)
+    return reduced
 
 
 def _dense(

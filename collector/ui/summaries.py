@@ -24,6 +24,7 @@ from vigil.collector import heatmap, queries, samples, tables
 RECENT_STEPS = 20  # the jobs table's "current" figures: medians over the last 20 steps
 MAX_JOBS = 500
 MAX_SERIES_STEPS = 1000  # the job page's charts cover at most the last 1,000 steps
+MAX_SERIES_CELLS = 2_000_000  # ... and fewer for large jobs (200 steps of 10,000 ranks)
 MAX_TOKEN_STEPS = 300  # tokens/s sums step records, so over fewer steps
 MAX_HANG_RANKS = 1024
 SAMPLE_MARGIN_S = 30.0  # GPU samples this long before and after the chosen step
@@ -134,7 +135,9 @@ def series(
             "tokens_per_s": [],
         }
     end = min(last, step_end) if step_end is not None else last
-    start = max(step_start or 0, end - MAX_SERIES_STEPS + 1)
+    job = queries.get_job(conn, job_id) or {}
+    width = min(MAX_SERIES_STEPS, max(50, MAX_SERIES_CELLS // max(1, job.get("world_size") or 1)))
+    start = max(step_start or 0, end - width + 1)
     window: dict[str, Any] = {"step_start": start, "step_end": end, "max_steps": MAX_SERIES_STEPS}
     _, (steps, _, times) = heatmap.matrix(
         conn, job_id, metric=heatmap.HeatmapMetric.STEP_TIME, **window
@@ -207,10 +210,37 @@ def _known(action: dict[str, Any] | None, key: str) -> int | None:
     return int(value) if value is not None and value >= 0 else None
 
 
+def state(conn: Connection, job_id: str, *, now_s: float) -> dict[str, Any]:
+    """`queries.job_state`'s figures read from the last step alone (its count of distinct
+    reporting ranks scans every step record: seconds for a 10,000-rank job's 10 M rows)."""
+    job = queries.get_job(conn, job_id)
+    last = last_step(conn, job_id)
+    s, f = tables.step_records, tables.findings
+    end_s, reporting = None, 0
+    if last is not None:
+        end_s, reporting = conn.execute(
+            select(func.max(s.c.end_s), func.count()).where(s.c.job_id == job_id, s.c.step == last)
+        ).one()
+    open_findings = conn.execute(
+        select(func.count()).where(f.c.job_id == job_id, f.c.state == "open")
+    ).scalar_one()
+    beats = queries.latest_heartbeats(conn, job_id)
+    return {
+        "job_id": job_id,
+        "state": job["state"] if job else "unknown",
+        "world_size": job["world_size"] if job else None,
+        "last_step": last,
+        "last_step_end_s": end_s,
+        "num_ranks_reporting": int(reporting),
+        "open_findings": int(open_findings),
+        "ranks": [{**b, "silent_s": max(0.0, now_s - b["time_s"])} for b in beats[:MAX_HANG_RANKS]],
+    }
+
+
 def overview(conn: Connection, job_id: str, *, now_s: float) -> dict[str, Any]:
     return {
         "job": queries.get_job(conn, job_id),
-        "state": queries.job_state(conn, job_id, now_s=now_s),
+        "state": state(conn, job_id, now_s=now_s),
         "findings": queries.findings(conn, job_id=job_id, state=None, kind=None, limit=200),
         "recovery": recovery(conn, job_id),
         "checkpoints": queries.checkpoints(conn, job_id, limit=50),

@@ -467,5 +467,11 @@ def test_a_real_jobs_straggler_stands_out(
     red, green, _ = pixels[2]
     assert red > 240 and green < 60, pixels  # 2x the median or more: full red
     assert all(px[1] > 60 for r, px in enumerate(pixels) if r != 2), pixels
+    # Its cell opens its phases beside the median rank's: the straggler waits least.
+    x, y = _cell_point(p, 2, 16)
+    p.page.mouse.click(x, y)
+    p.page.wait_for_selector("#drill[data-loaded='2:16']")
+    wait = p.page.locator("#phase-table tr", has_text="exposed comm wait").inner_text()
+    assert float(wait.split("\u00d7")[1]) < 0.8, p.page.inner_text("#phase-table")
     p.shot("real-straggler")
     assert p.errors == []

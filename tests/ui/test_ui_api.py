@@ -255,3 +255,19 @@ def test_jobs_list_figures(client: TestClient) -> None:
     assert job["step_time_p50_s"] == pytest.approx(0.5) and job["mfu"] == pytest.approx(0.25)
     assert job["tokens_per_s"] == pytest.approx(4 * 1000 / 0.5)
     assert math.isclose(job["last_seen_s"], 1_700_000_029.5)
+
+
+def test_worst_of_columns_when_steps_are_missing(client: TestClient) -> None:
+    # Steps 0..19 without 7 (a step no rank reported): columns of 4 steps, the slow cell kept.
+    records: list[schema.Record] = [_job(3)]
+    records += [
+        rec.step(r, s, seconds=2.0 if (r, s) == (1, 9) else 0.5)
+        for s in range(20)
+        if s != 7
+        for r in range(3)
+    ]
+    _post(client, records)
+    header, values = _heat(client, max_cols=5)
+    assert header["step_stride"] == 4 and header["steps"] == [0, 4, 8, 12, 16]
+    assert values[2] == pytest.approx([0.5, 2.0, 0.5])
+    assert all(v == pytest.approx(0.5) for c in (0, 1, 3, 4) for v in values[c])

@@ -148,7 +148,7 @@
         const timelineCanvas = el("canvas", { id: "timeline" });
         V.clear(drill).append(
           el("h3", { id: "drill-title", text: "rank " + rank + " at step " + step + (where.node ? " · node " + where.node : "") + (where.device_uuid ? " · " + where.device_uuid : "") }),
-          r ? null : el("p", { class: "error", text: "rank " + rank + " reported no step " + step }),
+          ...(r ? [] : [el("p", { class: "error", text: "rank " + rank + " reported no step " + step })]),
           el("div", { class: "cols" },
             el("div", {}, el("h4", { text: "Phases (median rank " + (c.median_rank === null ? "–" : c.median_rank) + ")" }), table(["phase", "rank " + rank, "median", "ratio"], phaseRows, { id: "phase-table" })),
             el("div", {}, el("h4", { text: "Collectives of rank " + rank }), table(["group", "op", "count", "bytes", "time", "wait"], collRows(c.collectives), { id: "coll-table" }),
@@ -187,12 +187,13 @@
       renderHead(o);
       const changed = JSON.stringify([o.state.last_step, o.findings.length, o.recovery.length]) !== lastSeen;
       lastSeen = JSON.stringify([o.state.last_step, o.findings.length, o.recovery.length]);
-      if (!heat.data || (changed && heat.following() && !heat.drag)) await heat.load().catch((e) => V.errorBox(heatBox.querySelector(".heat-error"), e));
+      if (heat.data && changed && heat.following() && !heat.drag) await heat.load().catch((e) => V.errorBox(heatBox.querySelector(".heat-error"), e));
       if (changed) {
         renderFindings(o.findings);
         renderRecovery(o.recovery);
         renderCheckpoints(o.checkpoints);
         await renderHang(o);
+        await firstHeat;
         const s = await V.json(V.apiJob(job) + "/series");
         V.lineChart(document.getElementById("chart-step"), { title: "step time", x: s.steps, series: [{ label: "p50", values: s.step_time_p50_s }, { label: "p99", values: s.step_time_p99_s }], fmt: V.fmtSeconds });
         V.lineChart(document.getElementById("chart-mfu"), { title: "MFU", x: s.steps, series: [{ label: "mean", values: s.mfu }], fmt: V.fmtPct });
@@ -200,6 +201,9 @@
       }
     }
     const rank = params.get("rank"), step = params.get("step");
+    // The heat map is fetched at once, beside the job's description, not after it; the
+    // charts' larger reads wait for its first paint.
+    const firstHeat = heat.load().catch((e) => V.errorBox(heatBox.querySelector(".heat-error"), e));
     let first = true;
     return V.live(async () => {
       try { await refresh(); } catch (e) { if (first) V.errorBox(head, e); throw e; }
