@@ -5,6 +5,6 @@ JSON shapes, `export` the folder layout with Grafana provisioning files, `push` 
 through Grafana's API. Imports nothing of the collector's service code.
 """
 
-from vigil.collector.grafana import builder, dashboards, export, push, rules
+from vigil.collector.grafana import builder, dashboards, export, ops_dashboards, panels, push, rules
 
-__all__ = ["builder", "dashboards", "export", "push", "rules"]
+__all__ = ["builder", "dashboards", "export", "ops_dashboards", "panels", "push", "rules"]

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from vigil import schema
 from vigil.agent import exporter, progress, sampler
+from vigil.metric_names import Unit
 
 
 class StandInNvml:
@@ -132,5 +133,57 @@ def gpu_view(node: str, owners: list[tuple[str, int, str]], *, throttled: bool =
         with lock:
             readings = gpus.sample()
         return exporter.AgentView(node=node, readings=readings, owners=attributed)
+
+    return view
+
+
+def host_readings(node: str, now_s: float) -> list[sampler.Reading]:
+    """A node's host readings as the agent's HostSampler reports them."""
+    wave = 0.5 + 0.5 * math.sin(now_s / 11.0 + len(node))
+    return [
+        sampler.Reading("host", "cpu_utilization", Unit.RATIO, 0.3 + 0.4 * wave),
+        sampler.Reading("host", "memory_used", Unit.BYTES, 512e9 + 64e9 * wave),
+        sampler.Reading("host", "memory_available", Unit.BYTES, 1.5e12 - 64e9 * wave),
+        sampler.Reading("host", "network_receive", Unit.BYTES_PER_SECOND, 1e9 * wave),
+        sampler.Reading("host", "network_transmit", Unit.BYTES_PER_SECOND, 1e9 * wave),
+    ]
+
+
+def node_view(
+    *, job: str, node: str, ranks: list[int], world: int, stragglers: set[int], started_s: float
+) -> ViewFn:
+    """One node of a training job: its ranks' pages (1 s steps; a rank in the job's
+    `stragglers` computes 0.4 s longer and every other rank waits for it), its GPUs (one per
+    rank; GPU 0 throttled on a straggler's node) and its host."""
+    owners = [(job, r, f"{job}-worker-{r // 8}") for r in ranks]
+    gpus = gpu_view(node, owners, throttled=bool(stragglers & set(ranks)))
+
+    def view() -> exporter.AgentView:
+        now = time.time()
+        step = int(now - started_s)
+        slow = 0.4 if stragglers else 0.0
+        pages = []
+        for r in ranks:
+            jitter = 0.02 * math.sin(step * 0.7 + r)
+            compute = 0.6 + jitter + (slow if r in stragglers else 0.0)
+            step_time = 0.6 + slow + 0.3 + 0.02  # the slowest rank's compute + communication
+            pages.append(
+                exporter.RankView(
+                    snapshot=page(
+                        job=job, node=node, rank=r, world=world, step=step,
+                        step_time_s=step_time, comm_wait_s=max(0.0, step_time - compute),
+                        mfu=0.45 * compute / step_time, tokens=8192, now_s=now,
+                    ),
+                    progress_age_s=now - (started_s + step),
+                    hung=False,
+                )
+            )  # fmt: skip
+        base = gpus()
+        return exporter.AgentView(
+            node=node,
+            ranks=pages,
+            readings=[*base.readings, *host_readings(node, now)],
+            owners=base.owners,
+        )
 
     return view

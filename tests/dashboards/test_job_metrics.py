@@ -151,3 +151,14 @@ def test_job_series_do_not_grow_with_ranks(collector: tuple[TestClient, Clock]) 
         small = [k for k in samples if ("job_id", "small") in k]
         large = [k for k in samples if ("job_id", "large") in k]
         assert len(small) == len(large), name
+
+
+def test_every_collector_metric_is_documented(collector: tuple[TestClient, Clock]) -> None:
+    client, _ = collector
+    _post(client, _job(2) + _recovery())
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        # prometheus-client's `_created` timestamps of counters and histograms (docs/metrics.md).
+        if family.name.startswith("vigil_") and not family.name.endswith("_created"):
+            name = family.name
+            assert f"`{name}`" in doc or f"`{name}_total`" in doc, name
