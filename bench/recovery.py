@@ -16,7 +16,13 @@ SDK shipping to a local collector, a persistent checkpoint every 5 steps) runs:
      the timeout into the same crash), which makes the waiting rank raise, exit, and torchrun
      restart the group;
   5. a bare start of the job resuming from its newest checkpoint (process start + state load +
-     one step), the yardstick for restart time.
+     one step), the yardstick for restart time;
+  6. a user's own DDP loop with the documented snapshot calls (tests/realjobs/snapshot_job.py)
+     under `vigil run --nproc 4 --nodes 2`: rank 1 SIGKILLed in the middle of step 6, then in the
+     next attempt node-1's shared memory dropped and its rank 2 killed at step 10 (the peer's
+     replica restores). Its steps lost come from the loop's own per-rank record of the steps it
+     completed in each attempt (not from vigil): those every rank completed that the next
+     attempt trained again.
 Detection time is from the fault's onset (the end of step K-1) to the finding (torchrun: to the
 first line of output saying a rank failed, stamped as it arrives); restart time from the
 controller's decision to the first completed step; recovery from the onset to the first step
@@ -178,6 +184,34 @@ def torchrun_case(kind: str, url: str, root: Path, step: int, timeout_s: float) 
     }
 
 
+USER_LOOP = Path(__file__).resolve().parents[1] / "tests" / "realjobs" / "snapshot_job.py"
+USER_KILL_STEP, USER_DROP_STEP, USER_STEPS = 6, 10, 14
+
+
+def user_loop_case(root: Path) -> dict[str, float]:
+    """Steps lost by a user's loop to a SIGKILL and to a lost node's memory, from its record."""
+    out = root / "user-loop"
+    argv = [sys.executable, "-m", "vigil", "run", "--nproc", "4", "--nodes", "2",
+            "--run-dir", str(root / "user-loop-run"), "--job", f"bench-user-{int(time.time())}",
+            "--snapshot-dir", str(root / "user-loop-shm"), "--", sys.executable, str(USER_LOOP),
+            "--out", str(out), "--steps", str(USER_STEPS), "--step-s", "0.1",
+            f"--fault=0:1:{USER_KILL_STEP}:kill", f"--fault=1:2:{USER_DROP_STEP}:drop"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"user loop failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    rows = [
+        [json.loads(line) for line in (out / f"steps-rank{r}.jsonl").read_text().splitlines()]
+        for r in range(4)
+    ]
+
+    def lost_in(attempt: int) -> int:
+        completed = min(max(x["step"] for x in rank if x["attempt"] == attempt) for rank in rows)
+        resumed = min(x["step"] for rank in rows for x in rank if x["attempt"] == attempt + 1)
+        return max(0, completed + 1 - resumed)
+
+    return {"crash_steps_lost": lost_in(0), "node_loss_steps_lost": lost_in(1)}
+
+
 def sweep_row(rows: dict[int, dict[str, float]]) -> dict[str, float]:
     """Mean and worst of a crash sweep's steps lost and recovery times."""
     lost_ = [r["steps_lost"] for r in rows.values()]
@@ -211,6 +245,12 @@ def report(args: argparse.Namespace, bare: float, runs: dict[str, Any]) -> None:
             f"worst {s['recover_s_max']:.1f} s"
         )
     print(f"crash at step {FAULT_STEP}, vigil: {_cells(runs['vigil'][FAULT_STEP])}")
+    user = runs["user_loop"]
+    print(
+        f"user DDP loop with vigil.agent.snapshots, 4 ranks on 2 nodes (its own record): "
+        f"SIGKILL in step {USER_KILL_STEP} lost {user['crash_steps_lost']} steps, node memory "
+        f"lost + kill in step {USER_DROP_STEP} lost {user['node_loss_steps_lost']} (target <= 1)"
+    )
     print(f"hang at step {FAULT_STEP} (rank 1 stops before its collectives):")
     print(f"  vigil     found by the collector's hang check: {_cells(runs['vigil_hang'])}")
     hang = runs["torchrun_hang"]
@@ -253,6 +293,7 @@ def main() -> None:
         for k in args.crash_steps:
             runs["torchrun"][k] = torchrun_case("crash", url, root, k, 60.0)
         runs["torchrun_hang"] = torchrun_case("hang", url, root, FAULT_STEP, args.torchrun_timeout)
+    runs["user_loop"] = user_loop_case(root)
     report(args, bare, runs)
     crash, hang = runs["vigil"][FAULT_STEP], runs["vigil_hang"]
     torchrun, torchrun_hang = runs["torchrun"][FAULT_STEP], runs["torchrun_hang"]
@@ -279,6 +320,8 @@ def main() -> None:
         "torchrun_hang_detect_s": round(torchrun_hang["detect_s"], 2),
         "torchrun_hang_recover_s": round(torchrun_hang["recover_s"], 2),
         "torchrun_hang_steps_lost": torchrun_hang["steps_lost"],
+        "user_loop_crash_steps_lost": runs["user_loop"]["crash_steps_lost"],
+        "user_loop_node_loss_steps_lost": runs["user_loop"]["node_loss_steps_lost"],
     }))  # fmt: skip
 
 

@@ -104,9 +104,10 @@ class Snapshotter:
     def write_primary(self, step: int, state: Mapping[str, Any]) -> Path:
         """Serialise `state` into this rank's folder (temp file, then an atomic rename)."""
         folder = self.primary_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".step-{step}.tmp"
-        torch.save(dict(state), tmp)
+        tmp = _recycled(folder, step, self.keep)
+        with open(tmp, "r+b") as fh:  # over the old pages: no fresh shared memory to fault in
+            torch.save(dict(state), fh)
+            fh.truncate()
         return _commit(folder, tmp, step, self.keep)
 
     def replicate(self, step: int, path: Path | None) -> int:
@@ -121,8 +122,7 @@ class Snapshotter:
         _send_recv(header_out, self.peer_to, header_in, self.peer_from, self.group)
         got_step, got_size = (int(v) for v in header_in.tolist())
         folder = self.replica_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".step-{got_step}.tmp"
+        tmp = _recycled(folder, got_step, self.keep)
         # Both sides map files: the sender reads its snapshot's pages, the receiver writes
         # straight into the new file's (no copy through Python bytes).
         out = _mapped(path, size) if path is not None and size else None
@@ -195,11 +195,25 @@ def _send_recv(out: torch.Tensor, to: int, into: torch.Tensor, source: int, grou
             work.wait()
 
 
+def _recycled(folder: Path, step: int, keep: int) -> Path:
+    """The temp file for `step`'s snapshot: the oldest snapshot renamed, when committing this
+    one would delete it anyway (its shared-memory pages are reused), else a new empty file.
+    The newest `keep - 1` snapshots stay whole meanwhile; ranks are at most one snapshot apart,
+    so they still share a step."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".step-{step}.tmp"
+    steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)))
+    if len(steps) >= keep and steps[0] < step:
+        os.replace(folder / f"step-{steps[0]}.pt", tmp)
+    else:
+        tmp.touch()
+    return tmp
+
+
 def _mapped(path: Path, size: int, *, create: bool = False) -> torch.Tensor:
-    """A uint8 tensor over the file's bytes (created at `size` bytes when `create`)."""
+    """A uint8 tensor over the file's bytes (resized to `size` bytes when `create`)."""
     if create:
-        with open(path, "wb") as fh:
-            fh.truncate(size)
+        os.truncate(path, size)  # keeps the pages a recycled file already has
     return torch.from_file(str(path), shared=create, size=size, dtype=torch.uint8)
 
 

@@ -14,9 +14,10 @@ training: errors are logged and counted. Must not touch the job's own process gr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import queue
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # How long close() waits for the snapshot in flight (its peer must finish the same exchange).
 CLOSE_TIMEOUT_S = 120.0
+# The writer thread's niceness above the process's (Linux: per thread): where the node has no
+# idle core, training threads get the CPU first, and snapshots are skipped instead.
+WRITER_NICE = 10
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -44,6 +48,10 @@ class SnapshotStats:
     last_step: int = -1  # the newest step written here
     stall_s_total: float = 0.0  # training-thread time: staging, the agreement, update waits
     stall_s_last: float = 0.0  # the same for the newest snapshot
+    agree_s_total: float = 0.0  # of the stall: the agreement all-reduce, past the last arrival
+    skew_s_total: float = 0.0  # not in the stall: waiting there for the last rank to arrive,
+    # which the job's next collective would have waited anyway
+    wait_s_total: float = 0.0  # of the stall: optimizer steps waiting for deferred copies
     write_s_last: float = 0.0  # background time of the newest snapshot (copy, write, replicate)
     bytes_last: int = 0  # staged bytes of the newest snapshot
 
@@ -62,10 +70,8 @@ class BackgroundSnapshotter:
         self._stager = snapshot_stage.Stager()
         self._idle = threading.Event()
         self._idle.set()
-        self._queue: queue.Queue[tuple[int, snapshot_stage.Staged] | None] = queue.Queue(1)
         self._thread: threading.Thread | None = None
         self._current: snapshot_stage.Staged | None = None
-        self._lock = threading.Lock()
 
     @classmethod
     def create(cls, files: snapshot.Snapshotter) -> BackgroundSnapshotter:
@@ -76,18 +82,42 @@ class BackgroundSnapshotter:
         return cls(files)
 
     # ----- the training thread --------------------------------------------------------------
-    def save(self, step: int, tree: Any, deferred: Callable[[torch.Tensor], bool]) -> bool:
-        """Stage `tree` for `step` and return at once; False when skipped or failed."""
+    @property
+    def ready(self) -> bool:
+        """This rank's previous snapshot is written (for callers that agree on it themselves)."""
+        return self._idle.is_set()
+
+    def save(
+        self,
+        step: int,
+        capture: Callable[[], tuple[Any, Callable[[torch.Tensor], bool]]],
+        *,
+        all_ready: bool | None = None,
+    ) -> bool:
+        """Stage the tree `capture()` returns for `step` (with the test for tensors whose copy
+        may wait for the next optimizer step) and return at once; False when skipped or failed.
+
+        `all_ready`: every rank's `ready`, when the caller has agreed on it already (in a
+        collective of its own); else one small all-reduce decides.
+        """
         started = time.perf_counter()
+        skew = 0.0
         try:
-            if not self._all_idle():
+            if all_ready is None:
+                all_ready, skew = self._all_idle()
+            if not all_ready:
                 self.stats.num_skipped += 1
                 return False
+            tree, deferred = capture()
             staged = self._stager.stage(tree, deferred)
             self._idle.clear()
             self._current = staged
-            self._start()
-            self._queue.put((step, staged))
+            # A thread per snapshot: it starts at the training thread's priority for the copies
+            # the next optimizer step waits for, then lowers its own for the write.
+            self._thread = threading.Thread(
+                target=self._run, args=(step, staged), name="vigil-snapshot", daemon=True
+            )
+            self._thread.start()
             return True
         except Exception:
             log.exception("snapshot of step %d could not be staged", step)
@@ -95,9 +125,10 @@ class BackgroundSnapshotter:
             self._idle.set()
             return False
         finally:
-            spent = time.perf_counter() - started
+            spent = time.perf_counter() - started - skew
             self.stats.stall_s_last = spent
             self.stats.stall_s_total += spent
+            self.stats.skew_s_total += skew
 
     def before_update(self) -> None:
         """Called before the state changes (an optimizer step): wait for the deferred copies."""
@@ -112,12 +143,20 @@ class BackgroundSnapshotter:
             return
         self.stats.stall_s_last += waited
         self.stats.stall_s_total += waited
+        self.stats.wait_s_total += waited
 
-    def _all_idle(self) -> bool:
-        idle = torch.tensor([1 if self._idle.is_set() else 0], dtype=torch.int64)
-        if self.distributed and self.files.world_size > 1:
-            dist.all_reduce(idle, op=dist.ReduceOp.MIN, group=self.agree_group)
-        return int(idle.item()) == 1
+    def _all_idle(self) -> tuple[bool, float]:
+        """Whether every rank's previous snapshot is written, and the seconds this rank waited
+        for the last one to arrive (wall clocks; on several hosts an estimate)."""
+        if not (self.distributed and self.files.world_size > 1):
+            return self._idle.is_set(), 0.0
+        started, arrived = time.perf_counter(), time.time()
+        flags = torch.tensor([0.0 if self._idle.is_set() else 1.0, arrived], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.agree_group)
+        spent = time.perf_counter() - started
+        skew = min(spent, max(0.0, float(flags[1]) - arrived))
+        self.stats.agree_s_total += spent - skew
+        return float(flags[0]) == 0.0, skew
 
     def flush(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
         """Wait until the snapshot in flight is written and replicated; False on timeout."""
@@ -126,36 +165,25 @@ class BackgroundSnapshotter:
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         if not self.flush(timeout_s):
             log.warning("a snapshot was still in flight after %.0f s; leaving it", timeout_s)
-        with self._lock:
-            thread, self._thread = self._thread, None
+        thread, self._thread = self._thread, None
         if thread is not None:
-            self._queue.put(None)
             thread.join(timeout=timeout_s)
 
     # ----- the background thread ------------------------------------------------------------
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="vigil-snapshot", daemon=True
-                )
-                self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            step, staged = item
-            started = time.perf_counter()
-            try:
-                self._write(step, staged)
-            finally:
-                self._current = None if self._current is staged else self._current
-                self.stats.write_s_last = time.perf_counter() - started
-                self._idle.set()
+    def _run(self, step: int, staged: snapshot_stage.Staged) -> None:
+        started = time.perf_counter()
+        try:
+            self._write(step, staged)
+        finally:
+            self._current = None if self._current is staged else self._current
+            self.stats.write_s_last = time.perf_counter() - started
+            self._idle.set()
 
     def _write(self, step: int, staged: snapshot_stage.Staged) -> None:
         path = None
         try:
             staged.finish_copies()
+            _lower_priority()
             if staged.broken:
                 raise RuntimeError("the optimizer stepped before the snapshot's copies finished")
             path = self.files.write_primary(step, staged.tree)
@@ -174,3 +202,11 @@ class BackgroundSnapshotter:
         if path is not None:
             self.stats.num_saved += 1
             self.stats.last_step = step
+
+
+def _lower_priority() -> None:
+    """Make this thread yield the CPU to training (Linux: niceness is per thread)."""
+    with contextlib.suppress(OSError, AttributeError):  # best effort
+        tid = threading.get_native_id()
+        nice = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, nice + WRITER_NICE))

@@ -91,19 +91,24 @@ class Snapshots:
         return self.writer.stats if self.writer else snapshot_async.SnapshotStats()
 
     # ----- saving -------------------------------------------------------------------------
-    def save(self, step: int) -> bool:
+    @property
+    def ready(self) -> bool:
+        """This rank's previous snapshot is written (see `save`'s `all_ready`)."""
+        return self.writer.ready if self.writer is not None else False
+
+    def save(self, step: int, *, all_ready: bool | None = None) -> bool:
         """Snapshot the state after `step` (every rank calls it for the same steps). Returns at
-        once; False when skipped (the previous snapshot is still being written) or off."""
+        once; False when skipped (the previous snapshot is still being written) or off.
+
+        Every rank must decide alike whether to skip: by default one small all-reduce of a gloo
+        group of its own does. A loop that all-reduces something every step anyway (its loss)
+        can carry `ready` in it and pass the result as `all_ready` (the bundled trainer does)."""
         if self.writer is None:
             return False
-        try:
-            tree = self.state()
-            deferred = self._deferred()
-        except Exception:
-            log.exception("snapshot of step %d: reading the state failed", step)
-            self.writer.stats.num_failed += 1
-            return False
-        return self.writer.save(step, tree, deferred)
+        return self.writer.save(step, self._capture, all_ready=all_ready)
+
+    def _capture(self) -> tuple[dict[str, Any], Any]:
+        return self.state(), self._deferred()
 
     def state(self) -> dict[str, Any]:
         """The tree a snapshot holds (live tensors; staging copies them)."""

@@ -156,6 +156,7 @@ class Trainer:
         self.snaps = snapshots.Snapshots(
             self.parts.owner, self.parts.optimizer, job=self.ctx.job_id
         )
+        self._snaps_ready = False
         self.flops_per_token = recipe.model.flops_per_token(recipe.seq_len)
         self.tele.watch(self.parts.owner, self.parts.optimizer)
         self.tele.on_control("checkpoint", self.control.request_checkpoint)
@@ -201,7 +202,8 @@ class Trainer:
         return first - 1
 
     def _snapshot(self, step: int) -> None:
-        self.snaps.save(step)
+        # Whether every rank is ready rode on the step's own all-reduce (`_agree`).
+        self.snaps.save(step, all_ready=self._snaps_ready)
 
     # ----- one step -----------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -246,11 +248,13 @@ class Trainer:
             1.0 if has_loss else 0.0,
             float(want_ckpt),
             float(want_stop),
+            0.0 if self.snaps.ready else 1.0,  # ranks still writing their last snapshot
         ]
         flags = torch.tensor(values, dtype=torch.float64, device=self.ctx.device)
         if self.distributed:
             dist.all_reduce(flags)
-        loss_sum, count, ckpt, stop = flags.tolist()
+        loss_sum, count, ckpt, stop, busy = flags.tolist()
+        self._snaps_ready = busy == 0  # the snapshot after this step: every rank decides alike
         return loss_sum / max(count, 1.0), ckpt > 0, stop > 0
 
     def _grad_norm(self) -> torch.Tensor:
