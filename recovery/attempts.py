@@ -20,13 +20,17 @@ be trained again. Reads files only.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
+import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vigil import codec, schema
 from vigil.agent import progress
+from vigil.recovery.executor import RankExit
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,63 @@ def records_file_attempt(path: Path) -> int | None:
     if match is None:
         return None
     return int(match.group(2) or 0)
+
+
+def crash_finding_id(job_id: str, attempt: int, rank: int) -> str:
+    """The controller's crash finding id: findings are stored by id alone, so it names the job
+    (hashed: job names may be 256 characters), the attempt and the first rank to exit."""
+    job = hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:10]
+    return f"crash-{job}-a{attempt}-r{rank}"
+
+
+def describe_exit(code: int) -> str:
+    """How a rank ended, in words: "was killed by SIGKILL", "exited with code 3"."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def crash_finding(
+    job_id: str,
+    attempt: int,
+    failed: Sequence[RankExit],
+    last: dict[int, int] | None,
+    *,
+    now_s: float,
+) -> schema.Finding:
+    """The crash of `attempt`: the first rank to exit, how (code or signal), and the step it
+    died in (the one after its last finished step in `last`; -1 when that is not known)."""
+    first = min(failed, key=lambda e: e.seen_s)
+    rank, node, code = first.rank, first.node, first.returncode
+    evidence = [
+        schema.Evidence(metric="exit_code", observed=float(code), note=describe_exit(code)),
+        schema.Evidence(metric="exit_time", observed=first.seen_s, unit="s"),
+    ]
+    died_in, where = -1, ""
+    if last is not None and rank in last:
+        died_in = last[rank] + 1
+        evidence.append(schema.Evidence(metric="last_step", observed=float(last[rank])))
+        where = f" in step {died_in}"
+    elif last is not None and not last:  # no rank had finished a step
+        died_in, where = 0, " before finishing a step"
+    return schema.Finding(
+        finding_id=crash_finding_id(job_id, attempt, rank),
+        kind=schema.FindingKind.CRASH,
+        job_id=job_id,
+        subjects=schema.Subjects(ranks=[rank], nodes=[node]),
+        step_start=died_in,
+        step_end=died_in,
+        summary=(
+            f"rank {rank} on {node} {describe_exit(code)}{where} "
+            f"(attempt {attempt}; first of {len(failed)} to exit)"
+        ),
+        evidence=evidence,
+        confidence=1.0,
+        detected_s=now_s,
+    )
 
 
 def steps_lost(last_trained: int | None, resume_step: int) -> int:

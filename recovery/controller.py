@@ -14,10 +14,8 @@ sees the new attempt's first step) the resume step, the steps lost and when it r
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,36 +25,37 @@ import msgspec
 
 from vigil.analyzer import stacks as analyzer_stacks
 from vigil.env import EnvVar
-from vigil.recovery import attempts, policy
+from vigil.recovery import attempts, diagnosis, policy
 from vigil.recovery import journal as journal_mod
-from vigil.recovery.executor import Executor, RankExit
+from vigil.recovery.attempts import crash_finding_id
+from vigil.recovery.executor import Executor
 from vigil.recovery.placement import Placement
 from vigil.schema import (
     Action,
     ActionKind,
     ActionState,
     DiagResult,
-    Evidence,
     Finding,
     FindingKind,
     FindingState,
-    Subjects,
     Verdict,
 )
 
 log = logging.getLogger(__name__)
+__all__ = [
+    "ActionSink",
+    "Checkpointer",
+    "Controller",
+    "ControllerConfig",
+    "FindingSource",
+    "StepWatch",
+    "crash_finding_id",
+]
 
 # `vigil train` (and well-behaved jobs) exit 2 on a bad configuration: never restart for that.
 BAD_CONFIG_EXIT = 2
 # Test-only crash injection: the controller exits hard when it reaches this stage (see STAGES).
 STAGES = ("planned", "stopped", "placed", "launched", "recorded")
-
-
-def crash_finding_id(job_id: str, attempt: int, rank: int) -> str:
-    """The controller's crash finding id: findings are stored by id alone, so it names the job
-    (hashed: job names may be 256 characters), the attempt and the first rank to exit."""
-    job = hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:10]
-    return f"crash-{job}-a{attempt}-r{rank}"
 
 
 class FindingSource(Protocol):
@@ -89,16 +88,6 @@ class StepWatch(Protocol):
 
     def forget(self) -> None:
         """Drop what was read for the attempt awaited so far."""
-
-
-def describe_exit(code: int) -> str:
-    """How a rank ended, in words: "was killed by SIGKILL", "exited with code 3"."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +137,10 @@ class Controller:
     # When each open finding was first seen, for the hang confirmation delay.
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
     _replayed_s: float = field(default=0.0, init=False)
+    _diagnoses: diagnosis.Diagnoses = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._diagnoses = diagnosis.Diagnoses(self.executor, self.config.diagnose_timeout_s)
 
     def run(self) -> int:
         """Supervise the job to its end; returns 0 when every rank finished cleanly."""
@@ -156,6 +149,8 @@ class Controller:
             self._step()
             if not self.state.finished:
                 self.sleep(self.config.poll_interval_s)
+        # A diagnosis still running when the job ended is waited for: its verdict is the record.
+        self._record_diagnoses(self._diagnoses.wait(self.config.diagnose_timeout_s))
         return self.state.exit_code
 
     # -- start and resume -------------------------------------------------------------------
@@ -172,6 +167,13 @@ class Controller:
             return
         log.info("resuming run %s at attempt %d", saved.run_id, saved.attempt)
         self._adopted = self.executor.adopt(self.placement, saved.attempt)
+        for action in self.journal.actions():  # diagnoses a previous controller left running
+            if (
+                action.kind is ActionKind.DIAGNOSE
+                and action.state not in journal_mod.FINAL_STATES
+                and action.finding_id != saved.recovering
+            ):
+                self._execute(action)
         if saved.recovering:
             self._finish_recovery(saved.recovering)
         elif self._adopted < self.placement.world_size:
@@ -198,6 +200,7 @@ class Controller:
 
     def _step(self) -> None:
         self._replay_sink()
+        self._record_diagnoses(self._diagnoses.finished())
         exits = self.executor.poll()
         failed = [e for e in exits if e.returncode != 0]
         if any(e.returncode == BAD_CONFIG_EXIT for e in failed):
@@ -208,7 +211,9 @@ class Controller:
         if failed:
             # Read before anything is stopped: the ranks' pages say where each one got to.
             last = self._last_steps()
-            finding = self._crash_finding(failed, last)
+            finding = attempts.crash_finding(
+                self.config.job_id, self.state.attempt, failed, last, now_s=self.clock()
+            )
             self._publish(finding)
             self._handle(finding, job_down=True, last=last)
             return
@@ -241,40 +246,6 @@ class Controller:
 
     def _handled(self) -> set[str]:
         return set(self.state.handled_findings)
-
-    def _crash_finding(self, failed: list[RankExit], last: dict[int, int] | None) -> Finding:
-        """The crash: the first rank to exit, how (code or signal), and the step it died in
-        (the one after its last finished step; steps -1 when that is not known)."""
-        first = min(failed, key=lambda e: e.seen_s)
-        rank, node, code = first.rank, first.node, first.returncode
-        evidence = [
-            Evidence(metric="exit_code", observed=float(code), note=describe_exit(code)),
-            Evidence(metric="exit_time", observed=first.seen_s, unit="s"),
-        ]
-        died_in = -1
-        where = ""
-        if last is not None and rank in last:
-            died_in = last[rank] + 1
-            evidence.append(Evidence(metric="last_step", observed=float(last[rank])))
-            where = f" in step {died_in}"
-        elif last is not None:
-            died_in = 0 if not last else -1
-            where = " before finishing a step" if not last else ""
-        return Finding(
-            finding_id=crash_finding_id(self.config.job_id, self.state.attempt, rank),
-            kind=FindingKind.CRASH,
-            job_id=self.config.job_id,
-            subjects=Subjects(ranks=[rank], nodes=[node]),
-            step_start=died_in,
-            step_end=died_in,
-            summary=(
-                f"rank {rank} on {node} {describe_exit(code)}{where} "
-                f"(attempt {self.state.attempt}; first of {len(failed)} to exit)"
-            ),
-            evidence=evidence,
-            confidence=1.0,
-            detected_s=self.clock(),
-        )
 
     def _last_steps(self) -> dict[int, int] | None:
         """Each rank's newest finished step in the running attempt (None: no watch or it failed)."""
@@ -395,6 +366,10 @@ class Controller:
     def _execute(self, action: Action) -> None:
         start = self.clock()
         self._record(msgspec.structs.replace(action, state=ActionState.RUNNING, start_s=start))
+        nodes = self._nodes_of(action.target) if action.kind is ActionKind.DIAGNOSE else []
+        if nodes:  # runs in the background; `_record_diagnoses` records how it ended
+            self._diagnoses.start(action, nodes, start)
+            return
         try:
             state, result = self._carry_out(action)
         except Exception as exc:  # an action that fails is recorded, never crashes the loop
@@ -433,36 +408,39 @@ class Controller:
         if action.kind is ActionKind.DUMP_STACKS:
             return self._dump_stacks(action)
         if action.kind is ActionKind.DIAGNOSE:
-            return self._diagnose(action)
+            return ActionState.SKIPPED, f"no node to diagnose in {action.target!r}"
         if action.kind is ActionKind.CORDON:
             self.executor.cordon(action.target)
             return ActionState.SUCCEEDED, f"{action.target} cordoned"
         return ActionState.SKIPPED, f"{action.kind.value} is not available on the executor"
 
-    def _diagnose(self, action: Action) -> tuple[ActionState, str]:
-        """The quick node diagnostics on each target node; a failing verdict cordons the node
-        (no restart places ranks on it again). Each result is published as it is."""
-        nodes = self._nodes_of(action.target)
-        if not nodes:
-            return ActionState.SKIPPED, f"no node to diagnose in {action.target!r}"
-        parts, failed = [], False
-        for node in nodes:
-            try:
-                results = self.executor.diagnose(node, timeout_s=self.config.diagnose_timeout_s)
-            except RuntimeError as exc:
-                parts.append(f"{node}: unknown ({exc})")
-                failed = True
-                continue
-            for result in results:
-                self._publish(result)
-            verdict = worst_verdict(results)
-            parts.append(f"{node}: {verdict.value} ({_verdict_detail(results, verdict)})")
-            if verdict is Verdict.FAIL:
-                self.executor.cordon(node)
-                self._save_placement(self.placement.cordon(node))
-                parts[-1] += "; cordoned"
-        state = ActionState.FAILED if failed else ActionState.SUCCEEDED
-        return state, "; ".join(parts)
+    def _record_diagnoses(self, outcomes: Sequence[diagnosis.Outcome]) -> None:
+        """Record finished diagnoses: each result published, each node's verdict in the
+        action's result, and a failing node cordoned (no restart places ranks on it again)."""
+        for outcome in outcomes:
+            parts, failed = [], False
+            for node, results in outcome.results.items():
+                if isinstance(results, str):
+                    parts.append(f"{node}: unknown ({results})")
+                    failed = True
+                    continue
+                for result in results:
+                    self._publish(result)
+                parts.append(diagnosis.describe(node, results))
+                if diagnosis.worst_verdict(results) is Verdict.FAIL:
+                    self.executor.cordon(node)
+                    self._save_placement(self.placement.cordon(node))
+                    parts[-1] += "; cordoned"
+            self._record(
+                msgspec.structs.replace(
+                    outcome.action,
+                    state=ActionState.FAILED if failed else ActionState.SUCCEEDED,
+                    start_s=outcome.start_s,
+                    end_s=self.clock(),
+                    result="; ".join(parts),
+                )
+            )
+            self._die_if("recorded")
 
     def _nodes_of(self, target: str) -> list[str]:
         """Node names in a comma-separated target ("node-1", "rank3")."""
@@ -497,6 +475,10 @@ class Controller:
             self.executor.kill_attempt(target)
         else:
             graceful = self.state.recovering_graceful
+            if graceful:  # a healthy job trained on while the recovery began: where is it now?
+                last = self._last_steps()
+                if last:
+                    self.state.failed_last_step = min(last.values())
             self.executor.stop(timeout_s=self.config.stop_timeout_s if graceful else 0.0)
             self.executor.kill_attempt(self.state.attempt)
             self._die_if("stopped")
@@ -550,23 +532,3 @@ class Controller:
         if os.environ.get(EnvVar.CONTROLLER_DIE_AT) == stage:
             log.error("dying at stage %r (%s is set)", stage, EnvVar.CONTROLLER_DIE_AT)
             os._exit(70)
-
-
-_VERDICT_ORDER = (Verdict.FAIL, Verdict.SUSPECT, Verdict.PASS, Verdict.UNKNOWN)
-
-
-def worst_verdict(results: Sequence[DiagResult]) -> Verdict:
-    """The node's verdict: its worst result's (fail > suspect > pass); unknown when no result
-    was judged (no baseline or spec to judge it by)."""
-    seen = {r.verdict for r in results}
-    return next((v for v in _VERDICT_ORDER if v in seen), Verdict.UNKNOWN)
-
-
-def _verdict_detail(results: Sequence[DiagResult], verdict: Verdict) -> str:
-    counts = {v: sum(r.verdict is v for r in results) for v in Verdict}
-    text = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
-    bad = [
-        r for r in results if r.verdict is verdict and verdict in (Verdict.FAIL, Verdict.SUSPECT)
-    ]
-    named = "; ".join(f"{r.test} {r.value:g} {r.unit}".rstrip() for r in bad[:3])
-    return f"{len(results)} results: {text}" + (f"; {named}" if named else "")

@@ -58,11 +58,13 @@ class DemoPlan:
 
     @classmethod
     def make(cls, *, quick: bool) -> DemoPlan:
-        # Gaps leave room for detection (a straggler needs ~8 steps of evidence) and for a
-        # restart to resume before the next fault's step.
+        # Gaps leave room for detection (a straggler needs ~8 steps of evidence), for a
+        # restart to resume before the next fault's step, and for the straggler's node
+        # diagnosis (which runs beside the resumed job on this host's cores) to end before the
+        # hang fires.
         if quick:
-            return cls(slow_step=4, hang_step=22, crash_step=30, steps=34)
-        return cls(slow_step=6, hang_step=30, crash_step=42, steps=50)
+            return cls(slow_step=4, hang_step=26, crash_step=34, steps=38)
+        return cls(slow_step=6, hang_step=34, crash_step=46, steps=54)
 
     def faults(self) -> str:
         return ";".join(

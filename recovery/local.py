@@ -7,7 +7,7 @@ attempt's TCPStore (the reason `torchrun --max-restarts` cannot bring gloo jobs 
 in their own process groups so stopping a rank stops everything it spawned. Simulated nodes are
 just labels on groups of ranks; a node's diagnostics (`diagnose`) run as a `vigil diag --quick`
 subprocess pinned to the devices that node's ranks use (LOCAL_RANK 0..n-1 of the host's GPUs; the
-CPU suite where there are none).
+CPU suite where there are none), at the lowest CPU priority (`nice -n 19`).
 
 A command that cannot run is a configuration error, not a crash: the executor refuses one whose
 executable it cannot find at construction, and reports a rank's exit 126 (found but not
@@ -301,6 +301,11 @@ class LocalExecutor:
         devices = visible[:per_node] if visible else [str(i) for i in range(per_node)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         argv = [*self.diag_command, "--node", node]
+        # At the lowest CPU priority: where the node's ranks still run (simulated nodes share
+        # this host's cores), the diagnosis yields to them rather than slowing the job down.
+        nice = shutil.which("nice", path=env.get("PATH"))
+        if nice:
+            argv = [nice, "-n", "19", *argv]
         try:
             done = subprocess.run(
                 argv, env=env, capture_output=True, timeout=timeout_s, check=False

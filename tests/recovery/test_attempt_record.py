@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vigil.env import EnvVar
-from vigil.recovery import controller, local, placement
+from vigil.recovery import diagnosis, local, placement
 from vigil.schema import Verdict
 
 HERE = Path(__file__).parent
@@ -135,7 +135,7 @@ def test_local_diagnosis_runs_the_quick_suite_for_the_node(tmp_path: Path) -> No
     tests = {r.test: r.verdict for r in results}
     assert tests["sdc.mismatches"] is Verdict.PASS
     assert tests["memtest.failing_words"] is Verdict.PASS
-    assert controller.worst_verdict(results) is Verdict.PASS
+    assert diagnosis.worst_verdict(results) is Verdict.PASS
 
 
 _STAND_IN = """

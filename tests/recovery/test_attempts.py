@@ -4,13 +4,14 @@ and the controller's crash finding and restart action that carry them (fast: no 
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
 
 import pytest
 
 from tests.recovery.fakes import FakeExecutor, FakeWatch, Recorder
 from vigil import codec
-from vigil.recovery import attempts, controller, journal, placement, policy
+from vigil.recovery import attempts, controller, diagnosis, journal, placement, policy
 from vigil.recovery.attempts import FirstStep
 from vigil.recovery.executor import RankExit
 from vigil.schema import (
@@ -18,6 +19,7 @@ from vigil.schema import (
     ActionKind,
     ActionState,
     DiagResult,
+    Evidence,
     Finding,
     FindingKind,
     StepRecord,
@@ -173,6 +175,13 @@ def _diag(node: str, verdict: Verdict) -> list[DiagResult]:
     ]  # fmt: skip
 
 
+def _diagnosed() -> None:
+    """Wait for the controller's background diagnoses to end."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("vigil-diagnose"):
+            thread.join(timeout=10)
+
+
 def _mfu_drop(node: str) -> Finding:
     return Finding(
         finding_id=f"mfu-{node}",
@@ -186,6 +195,7 @@ def _mfu_drop(node: str) -> Finding:
 def test_a_failing_diagnosis_cordons_the_node_and_no_restart_lands_on_it(tmp_path: Path) -> None:
     def script(attempt: int, polls: int) -> list[RankExit]:
         if attempt == 0 and polls == 4:
+            _diagnosed()  # the diagnosis ran in the background and ended
             return [_exit(0, -9)]  # later, an unrelated crash: restart in place
         return [_exit(r, 0) for r in range(4)] if attempt == 1 and polls == 2 else []
 
@@ -233,11 +243,11 @@ def test_worst_verdict_orders_fail_over_suspect_over_pass() -> None:
     def r(v: Verdict) -> DiagResult:
         return DiagResult(node="n", device="0", test="t", value=1.0, verdict=v)
 
-    assert controller.worst_verdict([r(Verdict.PASS), r(Verdict.FAIL)]) is Verdict.FAIL
-    assert controller.worst_verdict([r(Verdict.SUSPECT), r(Verdict.PASS)]) is Verdict.SUSPECT
-    assert controller.worst_verdict([r(Verdict.UNKNOWN), r(Verdict.PASS)]) is Verdict.PASS
-    assert controller.worst_verdict([r(Verdict.UNKNOWN)]) is Verdict.UNKNOWN
-    assert controller.worst_verdict([]) is Verdict.UNKNOWN
+    assert diagnosis.worst_verdict([r(Verdict.PASS), r(Verdict.FAIL)]) is Verdict.FAIL
+    assert diagnosis.worst_verdict([r(Verdict.SUSPECT), r(Verdict.PASS)]) is Verdict.SUSPECT
+    assert diagnosis.worst_verdict([r(Verdict.UNKNOWN), r(Verdict.PASS)]) is Verdict.PASS
+    assert diagnosis.worst_verdict([r(Verdict.UNKNOWN)]) is Verdict.UNKNOWN
+    assert diagnosis.worst_verdict([]) is Verdict.UNKNOWN
 
 
 def test_placement_avoids_cordoned_nodes_with_spares_then_by_shrinking() -> None:
@@ -265,3 +275,72 @@ def test_restart_kind_is_recorded_for_migrations_too(tmp_path: Path) -> None:
     finals = {a.action_id: a for a in sink.records if isinstance(a, Action)}
     kinds = sorted((a.attempt, a.kind) for a in finals.values())
     assert kinds == [(1, ActionKind.RESTART), (2, ActionKind.MIGRATE)]
+
+
+class _MovingWatch(FakeWatch):
+    """A healthy job that trains on while its recovery begins: later reads see later steps."""
+
+    def last_steps(self, attempt: int, since_s: float) -> dict[int, int]:
+        self.reads = getattr(self, "reads", 0) + 1
+        step = 10 if self.reads == 1 else 12
+        return dict.fromkeys(range(4), step) if attempt == 0 else {}
+
+
+def test_a_moved_job_counts_the_steps_it_trained_until_it_was_stopped(tmp_path: Path) -> None:
+    def script(attempt: int, polls: int) -> list[RankExit]:
+        return [_exit(r, 0) for r in range(4)] if attempt == 1 and polls == 4 else []
+
+    straggler = Finding(
+        finding_id="slow-2",
+        kind=FindingKind.STRAGGLER,
+        job_id="j",
+        subjects=Subjects(ranks=[2], nodes=["node-1"]),
+        evidence=[Evidence(metric=policy.SLOWDOWN_METRIC, observed=2.5)],
+        confidence=0.9,
+        detected_s=5000.0,
+    )
+    executor = FakeExecutor(script, diagnostics={"node-1": _diag("node-1", Verdict.PASS)})
+    watch = _MovingWatch(delay=0, first={1: FirstStep(11, 7000.0, "x")})
+    sink = Recorder()
+    assert _controller(tmp_path, executor, watch, sink, findings=[straggler]).run() == 0
+    actions = {a.action_id: a for a in sink.records if isinstance(a, Action)}
+    assert [a.kind for a in actions.values()] == [
+        ActionKind.CHECKPOINT,
+        ActionKind.DIAGNOSE,
+        ActionKind.MIGRATE,
+    ]
+    migrate = actions["slow-2/2-migrate"]
+    # Stopped after step 12, resumed at 11: steps 11 and 12 again (not the 10 seen at first).
+    assert (migrate.attempt, migrate.resume_step, migrate.steps_lost) == (1, 11, 2)
+    assert executor.launched[1][1].active == ("node-0", "node-2")
+
+
+def test_a_diagnosis_runs_beside_the_loop_which_still_handles_a_crash(tmp_path: Path) -> None:
+    """The quick suite takes a minute on a GPU node: meanwhile a crash is still recovered."""
+    release = threading.Event()
+
+    class SlowDiagnosis(FakeExecutor):
+        def diagnose(self, node: str, *, timeout_s: float) -> list[DiagResult]:
+            release.wait(timeout=10)
+            return super().diagnose(node, timeout_s=timeout_s)
+
+    def script(attempt: int, polls: int) -> list[RankExit]:
+        if attempt == 0 and polls == 3:
+            return [_exit(3, -9, "node-1")]
+        if attempt == 1 and polls == 2:
+            release.set()  # the restart happened while node-1 was being diagnosed
+        if attempt == 1 and polls == 4:
+            _diagnosed()
+        return [_exit(r, 0) for r in range(4)] if attempt == 1 and polls == 6 else []
+
+    executor = SlowDiagnosis(script, diagnostics={"node-1": _diag("node-1", Verdict.PASS)})
+    sink = Recorder()
+    assert (
+        _controller(tmp_path, executor, FakeWatch(), sink, findings=[_mfu_drop("node-1")]).run()
+        == 0
+    )
+    finals = {a.action_id: a for a in sink.records if isinstance(a, Action)}
+    diagnose = finals["mfu-node-1/0-diagnose"]
+    restart = next(a for a in finals.values() if a.kind in policy.RESTARTING)
+    assert diagnose.state is ActionState.SUCCEEDED and diagnose.start_s < restart.end_s
+    assert diagnose.end_s > restart.end_s
