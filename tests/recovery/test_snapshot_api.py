@@ -172,3 +172,34 @@ def test_low_level_snapshotter_keeps_the_newest_two(tmp_path: Path) -> None:
     newest = files.newest()
     assert newest is not None and newest.step == 3
     assert sorted(p.name for p in files.primary_dir().iterdir()) == ["step-2.pt", "step-3.pt"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_staging_is_pinned_and_the_snapshot_holds_its_step(tmp_path: Path) -> None:
+    """The CUDA path (pinned buffers, copies on a side stream the next optimizer step waits
+    for). Not run on this development host, which has no GPU; `pytest -m gpu` on a GPU machine."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    snaps = snapshots.Snapshots(model, optimizer, job="j", root=tmp_path)
+    model(torch.randn(8, 256, device="cuda")).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    expected = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    assert snaps.save(0)
+    for _ in range(3):  # later steps must not leak into the snapshot of step 0
+        model(torch.randn(8, 256, device="cuda")).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    snaps.close()
+    assert snaps.writer is not None
+    assert all(b.is_pinned() for b in snaps.writer._stager._buffers.values())
+    fresh = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256)).cuda()
+    again = snapshots.Snapshots(
+        fresh, torch.optim.AdamW(fresh.parameters()), job="j", root=tmp_path
+    )
+    assert again.restore() == 1
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value.cpu(), expected[key]), key
+    again.close()
