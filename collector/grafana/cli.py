@@ -40,6 +40,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="absolute path Grafana reads the JSON from (default: DIR itself)",
     )
     out.add_argument("--ui", type=_http_url, default=builder.DEFAULT_UI, help="vigil UI URL")
+    out.add_argument("--agent-job", default="vigil-agent", help="scrape job of the node agents")
+    out.add_argument("--collector-job", default="vigil-collector", help="... of the collector")
     up = sub.add_parser("push", help="upload the dashboards to a Grafana")
     up.add_argument("--grafana", type=_http_url, required=True, metavar="URL")
     up.add_argument(
@@ -59,7 +61,11 @@ def _fail(message: str) -> int:
 def _export(args: argparse.Namespace) -> int:
     try:
         config = export.ExportConfig(
-            dashboards_path=args.dashboards_path, prometheus_url=args.prometheus, ui_url=args.ui
+            dashboards_path=args.dashboards_path,
+            prometheus_url=args.prometheus,
+            ui_url=args.ui,
+            agent_job=args.agent_job,
+            collector_job=args.collector_job,
         )
         ensure_writable_dir(args.dir)
         written = export.write(args.dir, config)

@@ -28,6 +28,8 @@ class ExportConfig:
     prometheus_url: str = "http://localhost:9090"  # Prometheus' default port
     ui_url: str = builder.DEFAULT_UI
     folder: str = "vigil"  # the Grafana folder the dashboards land in
+    agent_job: str = "vigil-agent"  # Prometheus scrape job names the down alerts watch
+    collector_job: str = "vigil-collector"
 
     def __post_init__(self) -> None:
         if self.dashboards_path is not None and not self.dashboards_path.startswith("/"):
@@ -87,7 +89,9 @@ def render(config: ExportConfig, *, folder: Path | None = None) -> dict[str, str
         if config.ui_url != builder.DEFAULT_UI:
             value = _with_ui(value, config.ui_url)
         files[f"{stem}.json"] = dashboard_json(value)
-    rule_config = rules.RuleConfig(ui_url=config.ui_url)
+    rule_config = rules.RuleConfig(
+        ui_url=config.ui_url, agent_job=config.agent_job, collector_job=config.collector_job
+    )
     for name, groups in rules.rule_groups(rule_config).items():
         files[f"rules/{name}"] = rules.to_yaml(groups) + "\n"
     files["provisioning/dashboards/vigil.yaml"] = (

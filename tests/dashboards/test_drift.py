@@ -46,3 +46,14 @@ def test_export_points_provisioning_at_the_folder_it_wrote(tmp_path: Path) -> No
     source = (tmp_path / "provisioning/datasources/vigil-prometheus.yaml").read_text()
     assert 'url: "http://prom:9090"' in source and 'type: "prometheus"' in source
     assert len(list(tmp_path.glob("*.json"))) == 4
+
+
+def test_export_takes_the_ui_url_and_scrape_jobs(tmp_path: Path) -> None:
+    args = ["--ui", "https://vigil.example", "--agent-job", "node-agents"]
+    assert cli.main(["dashboards", "export", str(tmp_path), *args]) == 0
+    alerts = (tmp_path / "rules/vigil-alerts.rules.yml").read_text()
+    assert 'up{job=\\"node-agents\\"} == 0' in alerts
+    assert "https://vigil.example/ui/jobs/{{ $labels.job_id }}" in alerts
+    board = (tmp_path / "training-job.json").read_text()
+    assert '"query": "https://vigil.example"' in board
+    assert cli.main(["dashboards", "export", str(tmp_path), "--agent-job", 'a"b']) == 1

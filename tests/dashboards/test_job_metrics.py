@@ -1,4 +1,5 @@
-"""The collector's store-derived job series on /metrics: values from a real SQLite store.
+"""The collector's store-derived job series on /metrics: values from a real store (SQLite and a
+throwaway PostgreSQL cluster).
 
 Records go in through the real ingest API (as senders post them, the restart record as the
 recovery controller posts it) and come out of the real /metrics page, checked by
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.collector import records as rec
+from tests.support import pgcluster
 from vigil import api, codec, schema
 from vigil.collector import CollectorSettings, create_app
 
@@ -32,10 +34,22 @@ class Clock:
         return self.now_s
 
 
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[tuple[TestClient, Clock]]:
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[pgcluster.PostgresServer]:
+    server = pgcluster.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def collector(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TestClient, Clock]]:
     clock = Clock()
-    settings = CollectorSettings(data_dir=tmp_path, store_url=f"sqlite:///{tmp_path}/s.sqlite3")
+    url = f"sqlite:///{tmp_path}/s.sqlite3"
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres").new_database()
+    settings = CollectorSettings(data_dir=tmp_path, store_url=url)
     with TestClient(create_app(settings, clock=clock)) as client:
         yield client, clock
 
