@@ -202,8 +202,14 @@ def _recycled(folder: Path, step: int, keep: int) -> Path:
     so they still share a step."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".step-{step}.tmp"
+    # A temp file left by a write that was cut short (only this rank writes this folder).
+    stale = [p for p in folder.iterdir() if p.name.endswith(".tmp") and p != tmp]
     steps = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP.match(p.name)))
-    if len(steps) >= keep and steps[0] < step:
+    if stale:
+        os.replace(stale.pop(), tmp)
+        for extra in stale:
+            extra.unlink(missing_ok=True)
+    elif len(steps) >= keep and steps[0] < step:
         os.replace(folder / f"step-{steps[0]}.pt", tmp)
     else:
         tmp.touch()

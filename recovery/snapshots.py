@@ -112,7 +112,8 @@ class Snapshots:
 
     def state(self) -> dict[str, Any]:
         """The tree a snapshot holds (live tensors; staging copies them)."""
-        tree: dict[str, Any] = {"format": FORMAT}
+        world = self.files.world_size if self.files is not None else 1
+        tree: dict[str, Any] = {"format": FORMAT, "world_size": world}
         if self.model is not None:
             from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -155,6 +156,12 @@ class Snapshots:
         """Put a snapshot tree (from `state`) back into the registered objects."""
         if saved.get("format") != FORMAT:
             raise ValueError(f"snapshot format {saved.get('format')!r}; this vigil reads {FORMAT}")
+        world = self.files.world_size if self.files is not None else 1
+        if saved.get("world_size", world) != world:
+            raise ValueError(
+                f"snapshot of a {saved['world_size']}-rank job; this one has {world} ranks "
+                "(a resized job resumes from its checkpoint)"
+            )
         if self.model is not None:
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

@@ -127,6 +127,10 @@ def test_partial_files_are_never_restored(tmp_path: Path) -> None:
     folder = tmp_path / "j" / snaps.files.node / "rank-0"  # type: ignore[union-attr]
     (folder / ".step-9.tmp").write_bytes(b"half a snapshot")  # a write cut short
     assert snaps.restore() == 1
+    train(model, optimizer, schedule)
+    snaps.save(1)
+    snaps.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["step-0.pt", "step-1.pt"]  # reused
 
 
 def test_without_a_snapshot_dir_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,6 +150,8 @@ def test_bad_input_is_explained(tmp_path: Path) -> None:
     snaps = snapshots.Snapshots(model, optimizer, root=tmp_path)
     with pytest.raises(ValueError, match="snapshot format"):
         snaps.load({"format": 99})
+    with pytest.raises(ValueError, match="snapshot of a 4-rank job; this one has 1 ranks"):
+        snaps.load({"format": snapshots.FORMAT, "world_size": 4})
     snaps.close()
 
 
