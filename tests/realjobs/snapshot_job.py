@@ -1,19 +1,19 @@
 """A user's own DDP training script with vigil's per-step snapshots, written as the README shows.
 
-Plain PyTorch (DistributedDataParallel over gloo, AdamW, a warm-up LR schedule, dropout drawing
-from the global RNG) plus the SDK's calls: `init`, `watch`, `step`, `snapshots`, `restore`,
-`save`, `shutdown`. Run under `vigil run`, which sets the rendezvous, VIGIL_JOB, VIGIL_NODE,
-VIGIL_RESTART_COUNT and VIGIL_SNAPSHOT_DIR for every rank:
+Plain PyTorch (DistributedDataParallel, or FSDP2 with `--wrapper fsdp`, over gloo, AdamW, a
+warm-up LR schedule, dropout drawing from the global RNG) plus the SDK's calls: `init`, `watch`,
+`step`, `snapshots`, `restore`, `save`, `shutdown`. Run under `vigil run`, which sets the
+rendezvous, VIGIL_JOB, VIGIL_NODE, VIGIL_RESTART_COUNT and VIGIL_SNAPSHOT_DIR for every rank:
 
     vigil run --nproc 4 --nodes 2 -- python snapshot_job.py --out DIR --steps 12
 
 The job keeps its own record, independent of vigil's: every rank appends one JSON line per
-completed step to DIR/steps-rank<r>.jsonl (attempt, step, loss, a checksum of its weights) and one
-per start to DIR/starts-rank<r>.jsonl (attempt, the first step trained, where the state came
-from). Faults (--fault, repeatable) are "attempt:rank:step:kind": kind `kill` SIGKILLs the rank
-in the middle of that step (after backward, before the optimizer step); kind `drop` first waits
-for every rank's snapshots to be written, deletes that rank's node's snapshot folder (the node's
-shared memory is lost), then SIGKILLs it the same way.
+completed step to DIR/steps-rank<r>.jsonl (attempt, step, loss, a checksum of its weights or
+shards) and one per start to DIR/starts-rank<r>.jsonl (attempt, the first step trained, where
+the state came from). Faults (--fault, repeatable) are "attempt:rank:step:kind": kind `kill`
+SIGKILLs the rank in the middle of that step (after backward, before the optimizer step); kind
+`drop` first waits for every rank's snapshots to be written, deletes that rank's node's
+snapshot folder (the node's shared memory is lost), then SIGKILLs it the same way.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--step-s", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--fault", type=parse_fault, action="append", default=[])
+    parser.add_argument("--wrapper", choices=("ddp", "fsdp"), default="ddp")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -61,7 +62,14 @@ def main() -> None:
         torch.nn.Dropout(0.1),
         torch.nn.Linear(4 * HIDDEN, HIDDEN),
     )
-    model = DistributedDataParallel(net)
+    if args.wrapper == "fsdp":  # FSDP2: each rank holds (and snapshots) its DTensor shards
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (net[0], net[3]):
+            fully_shard(layer)
+        model: torch.nn.Module = fully_shard(net)
+    else:
+        model = DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 5))
     job = os.environ.get("VIGIL_JOB", "snapshot-job")
@@ -97,7 +105,7 @@ def main() -> None:
             handle.set_loss(loss.detach())
         snaps.save(step)
         time.sleep(args.step_s)
-        checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+        checksum = float(sum(_local(p).detach().double().sum() for p in model.parameters()))
         stats = snaps.stats
         record.write(json.dumps({"attempt": attempt, "step": step, "loss": loss.item(),
                                  "checksum": checksum, "snapshots_saved": stats.num_saved,
@@ -106,6 +114,12 @@ def main() -> None:
     snaps.close()
     vigil.agent.shutdown()
     dist.destroy_process_group()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def die(kind: str) -> None:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,30 +21,32 @@ JOB = Path(__file__).parents[1] / "realjobs" / "snapshot_job.py"
 STEPS = 12
 
 
-def vigil_run(tmp: Path, name: str, *faults: str) -> Path:
+def vigil_run(
+    tmp: Path, name: str, *faults: str, nproc: int = 4, extra: tuple[str, ...] = ()
+) -> Path:
     out = tmp / name
-    args = [sys.executable, "-m", "vigil", "run", "--nproc", "4", "--nodes", "2",
+    args = [sys.executable, "-m", "vigil", "run", "--nproc", str(nproc), "--nodes", "2",
             "--run-dir", str(tmp / f"{name}-run"), "--job", name,
             "--snapshot-dir", str(tmp / "shm"), "--",
             sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS),
             # A step longer than a snapshot's write here, as real steps are (so none is
             # skipped, which the record checks).
-            "--step-s", "0.1", *[f"--fault={f}" for f in faults]]  # fmt: skip
+            "--step-s", "0.1", *extra, *[f"--fault={f}" for f in faults]]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 
-def records(out: Path, name: str) -> dict[int, list[dict[str, float]]]:
+def records(out: Path, name: str, nproc: int = 4) -> dict[int, list[dict[str, Any]]]:
     return {
         rank: [
             json.loads(line) for line in (out / f"{name}-rank{rank}.jsonl").read_text().splitlines()
         ]
-        for rank in range(4)
+        for rank in range(nproc)
     }
 
 
-def steps_lost(steps: dict[int, list[dict[str, float]]], attempt: int) -> int:
+def steps_lost(steps: dict[int, list[dict[str, Any]]], attempt: int) -> int:
     """Steps every rank completed in `attempt` that attempt + 1 trained again."""
     done = min(max(r["step"] for r in rows if r["attempt"] == attempt) for rows in steps.values())
     first = min(r["step"] for rows in steps.values() for r in rows if r["attempt"] == attempt + 1)
@@ -73,6 +76,26 @@ def test_user_loop_loses_at_most_a_step_to_a_kill_and_to_a_lost_node(tmp_path: P
     for step in range(STEPS):  # DDP's buckets and gloo's sums may differ in the last bits
         assert final[step]["loss"] == pytest.approx(reference[step]["loss"], rel=1e-5), step
     assert final[STEPS - 1]["checksum"] == pytest.approx(reference[STEPS - 1]["checksum"], rel=1e-6)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_fsdp2_shards_come_back_from_the_peer_node(tmp_path: Path) -> None:
+    """FSDP2 over 2 ranks on 2 nodes: node-1's memory is lost and its rank killed in step 3,
+    before its optimizer step (rank 0 finished step 3). Rank 1's shards come from node-0's
+    replica, and the step trained again gives rank 0 the same loss and shard as the first time."""
+    out = vigil_run(tmp_path, "fsdp", "0:1:3:drop", nproc=2, extra=("--wrapper", "fsdp"))
+    steps, starts = records(out, "steps", 2), records(out, "starts", 2)
+    assert [(s["attempt"], s["first_step"], s["source"]) for s in starts[1]] == [
+        (0, 0, "scratch"),
+        (1, 3, "peer"),
+    ]
+    assert steps_lost(steps, 0) == 0
+    first, again = (
+        next(r for r in steps[0] if r["step"] == 3 and r["attempt"] == a) for a in (0, 1)
+    )
+    assert again["loss"] == pytest.approx(first["loss"], rel=1e-6)
+    assert again["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
 
 
 def test_the_job_script_refuses_an_unknown_fault() -> None:
