@@ -23,7 +23,7 @@ import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from vigil.collector import step_matrix, tables
+from vigil.collector import dialects, step_matrix, tables
 
 
 class HeatmapMetric(enum.StrEnum):
@@ -85,15 +85,40 @@ def matrix(
     reduce: Reduce = Reduce.MEAN,
 ) -> tuple[int, Matrix]:
     """The stride and (column first steps, ranks, values[column, rank]) as numpy arrays."""
+    rows = _read(conn, job_id, metric, step_start, step_end)
+    stride = max(1, math.ceil((step_end - step_start + 1) / max_steps)) if rows else 1
+    return stride, _columns(rows, step_start, stride, reduce)
+
+
+# PostgreSQL: bytea in the binary protocol. In text, 10,000 ranks x 1,000 steps of float64 are
+# 160 MB of hex to send and parse; binary sends the 80 MB as they lie.
+_PG_READ = (
+    "SELECT step, chunk, {column} FROM step_matrix WHERE job_id = %s AND step BETWEEN %s AND %s "
+    "ORDER BY step, chunk"
+)
+
+
+def _read(
+    conn: Connection, job_id: str, metric: HeatmapMetric, step_start: int, step_end: int
+) -> Sequence[Any]:
+    """(step, chunk, packed array) rows of one metric, by step then chunk."""
+    if conn.dialect.name == dialects.POSTGRESQL:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        with driver.cursor(binary=True) as cursor:
+            # `metric` is a HeatmapMetric: one of the table's column names, never user text.
+            cursor.execute(
+                _PG_READ.format(column=HeatmapMetric(metric).value),
+                (job_id, step_start, step_end),
+            )
+            return cursor.fetchall()
     t = tables.step_matrix
     column = t.c[str(metric)]
-    rows = conn.execute(
+    return conn.execute(
         select(t.c.step, t.c.chunk, column)
         .where(t.c.job_id == job_id, t.c.step.between(step_start, step_end))
         .order_by(t.c.step, t.c.chunk)
     ).all()
-    stride = max(1, math.ceil((step_end - step_start + 1) / max_steps)) if rows else 1
-    return stride, _columns(rows, step_start, stride, reduce)
 
 
 def _empty() -> Matrix:

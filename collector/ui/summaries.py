@@ -26,6 +26,7 @@ MAX_JOBS = 500
 MAX_SERIES_STEPS = 1000  # the job page's charts cover at most the last 1,000 steps
 MAX_SERIES_CELLS = 2_000_000  # ... and fewer for large jobs (200 steps of 10,000 ranks)
 MAX_TOKEN_STEPS = 300  # tokens/s sums step records, so over fewer steps
+MAX_TOKEN_ROWS = 500_000  # ... and over at most this many records (50 steps of 10,000 ranks)
 MAX_HANG_RANKS = 1024
 SAMPLE_MARGIN_S = 30.0  # GPU samples this long before and after the chosen step
 
@@ -150,7 +151,10 @@ def series(
         p99 = np.nanpercentile(times, 99, axis=1) if times.size else np.zeros(0)
         mean_mfu = np.nanmean(mfu, axis=1) if mfu.size else np.zeros(0)
     s = tables.step_records
-    token_start = max(start, end - MAX_TOKEN_STEPS + 1)
+    token_steps = min(
+        MAX_TOKEN_STEPS, max(20, MAX_TOKEN_ROWS // max(1, job.get("world_size") or 1))
+    )
+    token_start = max(start, end - token_steps + 1)
     tokens = dict(
         conn.execute(
             select(s.c.step, func.sum(s.c.tokens))
@@ -264,7 +268,15 @@ def _rank_collectives(conn: Connection, job_id: str, rank: int, step: int) -> li
         .group_by(c.c.group_name, c.c.op)
         .order_by(c.c.group_name, c.c.op)
     )
-    return [dict(r) for r in conn.execute(query).mappings()]
+    # PostgreSQL sums integers as numeric: back to int and float for JSON.
+    return [
+        {
+            **row,
+            **{k: int(row[k]) for k in ("count", "bytes", "last_seq")},
+            **{k: float(row[k]) for k in ("total_device_s", "max_device_s", "total_wait_s")},
+        }
+        for row in conn.execute(query).mappings()
+    ]
 
 
 def _median_rank(conn: Connection, job_id: str, step: int) -> int | None:

@@ -1,6 +1,7 @@
-"""The web UI's server side without a browser: the heat map keeps the worst cell through
-downsampling (and the query API's mean stays the default), rows grouped by node or a parallel
-coordinate, pages carry a Content-Security-Policy and no data, /ui/api needs the read token."""
+"""The web UI's server side without a browser, on SQLite and a real PostgreSQL server: the heat
+map keeps the worst cell through downsampling (and the query API's mean stays the default), rows
+grouped by node or a parallel coordinate, pages carry a Content-Security-Policy and no data,
+/ui/api needs the read token."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.collector import records as rec
+from tests.support import pgcluster
 from vigil import api, codec, schema
 from vigil.collector import CollectorSettings, create_app
 from vigil.collector.ui import cells
@@ -23,18 +25,38 @@ from vigil.collector.ui import cells
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}
 
 
-def _client(tmp_path: Path, **fields: object) -> TestClient:
+def _client(tmp_path: Path, store_url: str = "", **fields: object) -> TestClient:
     settings = CollectorSettings(
         data_dir=tmp_path,
-        store_url=f"sqlite:///{tmp_path / 'ui.sqlite3'}",
+        store_url=store_url or f"sqlite:///{tmp_path / 'ui.sqlite3'}",
         **fields,  # type: ignore[arg-type]
     )
     return TestClient(create_app(settings))
 
 
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[pgcluster.PostgresServer]:
+    server = pgcluster.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
     with _client(tmp_path) as c:
+        yield c
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestClient]:
+    """The heat map's reads on both stores (PostgreSQL's go through its binary protocol)."""
+    url = ""
+    if request.param == "postgresql":
+        server: pgcluster.PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.new_database()
+    with _client(tmp_path, url) as c:
         yield c
 
 
@@ -56,7 +78,7 @@ def _heat(client: TestClient, **params: object) -> tuple[dict[str, object], list
     return header, values.tolist()
 
 
-def test_one_slow_cell_survives_downsampling_of_both_axes(client: TestClient) -> None:
+def test_one_slow_cell_survives_downsampling_of_both_axes(stores: TestClient) -> None:
     # 64 ranks x 200 steps of 0.5 s; rank 37 took 3 s at step 123 only.
     slow = {(37, 123)}
     records: list[schema.Record] = [_job(64)]
@@ -65,8 +87,8 @@ def test_one_slow_cell_survives_downsampling_of_both_axes(client: TestClient) ->
         for s in range(200)
         for r in range(64)
     ]
-    _post(client, records)
-    header, values = _heat(client, max_cols=20, max_rows=8)
+    _post(stores, records)
+    header, values = _heat(stores, max_cols=20, max_rows=8)
     assert (header["step_stride"], header["rank_stride"]) == (10, 8)
     assert (header["num_cols"], header["num_rows"]) == (20, 8)
     col, row = 123 // 10, 37 // 8
@@ -77,24 +99,24 @@ def test_one_slow_cell_survives_downsampling_of_both_axes(client: TestClient) ->
     assert max(others) == pytest.approx(0.5)
     assert header["medians"][col] == pytest.approx(0.5)  # over all 64 ranks of the column
     # The query API's default is unchanged: the mean over the column's 10 steps.
-    mean = client.get(
+    mean = stores.get(
         f"/api/v1/jobs/{rec.JOB}/heatmap", params={"max_steps": 20, "step_start": 0}
     ).json()
     assert mean["stride"] == 10
     assert mean["values"][col][37] == pytest.approx((9 * 0.5 + 3.0) / 10)
 
 
-def test_mfu_keeps_the_lowest_and_compute_is_step_minus_wait(client: TestClient) -> None:
+def test_mfu_keeps_the_lowest_and_compute_is_step_minus_wait(stores: TestClient) -> None:
     records: list[schema.Record] = [_job(4)]
     for s in range(10):
         for r in range(4):
             low = (r, s) == (2, 7)
             records.append(rec.step(r, s, seconds=0.5, wait=0.1, mfu=0.1 if low else 0.4))
-    _post(client, records)
-    header, values = _heat(client, metric="mfu", max_cols=2)
+    _post(stores, records)
+    header, values = _heat(stores, metric="mfu", max_cols=2)
     assert header["worst"] == "min" and values[1][2] == pytest.approx(0.1)
     assert values[0][2] == pytest.approx(0.4)
-    _, compute = _heat(client, metric="compute")
+    _, compute = _heat(stores, metric="compute")
     assert compute[3][1] == pytest.approx(0.4)
 
 
@@ -121,7 +143,7 @@ def test_rows_grouped_by_node_and_by_parallel_coordinate(client: TestClient) -> 
     assert window["ranks"] == [1, 3] and len(values) == 2 and len(values[0]) == 2
 
 
-def test_row_table_metrics_and_bad_windows(client: TestClient) -> None:
+def test_row_table_metrics_and_bad_windows(stores: TestClient) -> None:
     records: list[schema.Record] = [_job(2)]
     for s in range(4):
         for r in range(2):
@@ -141,17 +163,17 @@ def test_row_table_metrics_and_bad_windows(client: TestClient) -> None:
                     max_device_s=0.01,
                 )
             )
-    _post(client, records)
-    header, memory = _heat(client, metric="peak_memory", max_cols=2)
+    _post(stores, records)
+    header, memory = _heat(stores, metric="peak_memory", max_cols=2)
     assert header["unit"] == "B" and memory[1] == [1003.0, 2003.0]
-    _, coll = _heat(client, metric="collective")
+    _, coll = _heat(stores, metric="collective")
     assert coll[0] == pytest.approx([0.01, 0.02])
-    bad = client.get(f"/ui/api/jobs/{rec.JOB}/heatmap", params={"step_start": 5, "step_end": 2})
+    bad = stores.get(f"/ui/api/jobs/{rec.JOB}/heatmap", params={"step_start": 5, "step_end": 2})
     assert bad.status_code == 422 and "before" in bad.json()["detail"]
-    assert client.get(f"/ui/api/jobs/{rec.JOB}/heatmap", params={"metric": "x"}).status_code == 422
+    assert stores.get(f"/ui/api/jobs/{rec.JOB}/heatmap", params={"metric": "x"}).status_code == 422
 
 
-def test_cell_drill_down_names_the_median_rank_and_collectives(client: TestClient) -> None:
+def test_cell_drill_down_names_the_median_rank_and_collectives(stores: TestClient) -> None:
     records: list[schema.Record] = [_job(5)]
     records += [rec.step(r, s, seconds=0.5 + 0.1 * r) for s in range(3) for r in range(5)]
     records.append(
@@ -168,8 +190,8 @@ def test_cell_drill_down_names_the_median_rank_and_collectives(client: TestClien
             total_wait_s=0.05,
         )
     )
-    _post(client, records)
-    body = client.get(f"/ui/api/jobs/{rec.JOB}/cell", params={"rank": 4, "step": 1}).json()
+    _post(stores, records)
+    body = stores.get(f"/ui/api/jobs/{rec.JOB}/cell", params={"rank": 4, "step": 1}).json()
     assert body["median_rank"] == 2 and body["median_record"]["rank"] == 2
     assert body["record"]["end_s"] - body["record"]["start_s"] == pytest.approx(0.9)
     (coll,) = body["collectives"]
@@ -257,7 +279,7 @@ def test_jobs_list_figures(client: TestClient) -> None:
     assert math.isclose(job["last_seen_s"], 1_700_000_029.5)
 
 
-def test_worst_of_columns_when_steps_are_missing(client: TestClient) -> None:
+def test_worst_of_columns_when_steps_are_missing(stores: TestClient) -> None:
     # Steps 0..19 without 7 (a step no rank reported): columns of 4 steps, the slow cell kept.
     records: list[schema.Record] = [_job(3)]
     records += [
@@ -266,8 +288,8 @@ def test_worst_of_columns_when_steps_are_missing(client: TestClient) -> None:
         if s != 7
         for r in range(3)
     ]
-    _post(client, records)
-    header, values = _heat(client, max_cols=5)
+    _post(stores, records)
+    header, values = _heat(stores, max_cols=5)
     assert header["step_stride"] == 4 and header["steps"] == [0, 4, 8, 12, 16]
     assert values[2] == pytest.approx([0.5, 2.0, 0.5])
     assert all(v == pytest.approx(0.5) for c in (0, 1, 3, 4) for v in values[c])
