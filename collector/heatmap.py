@@ -111,7 +111,8 @@ def _read(
                 _PG_READ.format(column=HeatmapMetric(metric).value),
                 (job_id, step_start, step_end),
             )
-            return cursor.fetchall()
+            found: list[Any] = cursor.fetchall()
+            return found
     t = tables.step_matrix
     column = t.c[str(metric)]
     return conn.execute(
