@@ -74,8 +74,9 @@ class Snapshots:
         # Where the state of the last restore came from: "local" (this node's shared memory),
         # "peer" (the replica another node kept), None (nothing restored).
         self.restored_from: str | None = None
+        self._hook = None
         if self.writer is not None and optimizer is not None:
-            optimizer.register_step_pre_hook(self._before_step)
+            self._hook = optimizer.register_step_pre_hook(self._before_step)
 
     def _before_step(self, *_: Any) -> None:
         if self.writer is not None:
@@ -192,6 +193,9 @@ class Snapshots:
         """Wait for the snapshot in flight, then stop the background thread."""
         if self.writer is not None:
             self.writer.close(timeout_s)
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
 
 def snapshots(
