@@ -1,7 +1,7 @@
 """What the controller learns about an attempt's steps: where the failed one stopped, where the
 next one resumed. Read from the ranks' own output, never from the training process.
 
-Two sources, both written by the SDK:
+Three sources, all written by the SDK:
 - progress pages (`vigil.agent.progress`, node shared memory): each rank's last finished step,
   written at every step end, so they stay exact for a rank killed by SIGKILL; read at the
   failure, while the other ranks' pages are still there.
@@ -9,13 +9,15 @@ Two sources, both written by the SDK:
   without a collector): the new attempt's first step and when it ended, exactly. Without them
   the pages give it too, approximately: a page shows the newest finished step when it is read,
   which is the first one only while steps take longer than the controller's poll interval.
+- the collector's step records (`remote`, when the job ships there): the first step exactly, a
+  flush or two later; the pages are used if none arrive within `REMOTE_GRACE_S`.
 
 Definitions (tests/recovery/test_attempts.py): the last step trained before a failure is the
 newest step every rank of the failed attempt had finished (a data-parallel step is trained once
 all replicas finished it; a surviving rank may log the step that failed under it as finished);
 the resume step is the lowest step the new attempt finished; steps lost = the steps in [resume
 step, last trained] = max(0, last - resume + 1): the steps trained before the failure that had to
-be trained again. Reads files only.
+be trained again. Reads files; the collector only through `remote`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import hashlib
 import logging
 import re
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,9 @@ from vigil.recovery.executor import RankExit
 log = logging.getLogger(__name__)
 
 _ATTEMPT_FILE = re.compile(r"^rank-(\d+)(?:\.attempt-(\d+))?\.jsonl$")
+# How long a new attempt's records may take to reach the collector (the SDK flushes every second)
+# before the pages' approximate first step is taken instead.
+REMOTE_GRACE_S = 30.0
 # A failed attempt's newest steps are at the end of its files: 1 MiB covers thousands of steps.
 _TAIL_BYTES = 1 << 20
 
@@ -157,7 +163,11 @@ class ProgressWatch:
     progress_root: Path | None = None
     # `<output dir>/<job>`: the job's offline JSONL files (None: it ships to a collector).
     records_dir: Path | None = None
+    # Step records elsewhere (the collector's, `collector_link.CollectorSteps`): the lowest step
+    # started at or after a time, exact; asked when the job has no offline files.
+    remote: Callable[[float], FirstStep | None] | None = None
     _readers: dict[Path, _Reader] = field(default_factory=dict, init=False)
+    _pages_only_after_s: float = field(default=0.0, init=False)
 
     def last_steps(self, attempt: int, since_s: float) -> dict[int, int]:
         """Each rank's newest step finished since `since_s` in `attempt` (page or record)."""
@@ -188,6 +198,14 @@ class ProgressWatch:
             low = min(s.step for s in steps)
             seen = min(s.end_s for s in steps if s.step == low)
             return FirstStep(low, seen, "records")
+        if self.remote is not None:
+            found = self.remote(since_s)
+            if found is not None:
+                return found
+            if self._pages_only_after_s == 0.0:
+                self._pages_only_after_s = time.monotonic() + REMOTE_GRACE_S
+            if time.monotonic() < self._pages_only_after_s:
+                return None  # its records lag the pages by a flush: wait for them a while
         pages = [
             p
             for p in self._pages()
@@ -202,6 +220,7 @@ class ProgressWatch:
     def forget(self) -> None:
         """Drop what was read (the attempt's first step is known)."""
         self._readers.clear()
+        self._pages_only_after_s = 0.0
 
     def _files(self, attempt: int) -> list[Path]:
         if self.records_dir is None or not self.records_dir.is_dir():

@@ -182,6 +182,9 @@ def _run(args: argparse.Namespace) -> int:
             job_id=job_id,
             progress_root=rundir.progress_root(),
             records_dir=None if url else records,
+            remote=collector_link.CollectorSteps(url=url, job_id=job_id, token=common.token)
+            if url
+            else None,
         ),
     )
     echo = None

@@ -1,6 +1,7 @@
 """The controller's link to the collector: findings in, actions out (HTTP, vigil's wire codec).
 
-`CollectorFindings` polls the analyzer's findings for one job; `CollectorActions` posts each
+`CollectorFindings` polls the analyzer's findings for one job; `CollectorSteps` finds a new
+attempt's first step among the job's step records there; `CollectorActions` posts each
 action's new state (a restart twice: at relaunch, then with its resume step, steps lost and
 recovery time), the controller's own crash findings and a diagnosed node's results through
 ingest, where the collector upserts actions and findings by id, with the core sender
@@ -26,6 +27,7 @@ import httpx
 import msgspec
 
 from vigil import api, codec, outbox, sender, settings, spool
+from vigil.recovery.attempts import FirstStep
 from vigil.schema import Action, DiagResult, Finding
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,43 @@ def batch_id(record: Action | Finding | DiagResult) -> str:
         return f"finding-{record.finding_id}"
     digest = hashlib.sha1(codec.encode_json(record), usedforsecurity=False).hexdigest()[:16]
     return f"diag-{record.node}-{digest}"
+
+
+@dataclass(kw_only=True)
+class CollectorSteps:
+    """A new attempt's first step from the job's step records in the collector (a step trained
+    again replaces its earlier record there, so the attempt's are those started after it)."""
+
+    url: str
+    job_id: str
+    token: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    client: httpx.Client = field(default_factory=httpx.Client)
+
+    def __call__(self, since_s: float) -> FirstStep | None:
+        # The job's last 100 reported steps (the API's default window) hold a fresh attempt's.
+        path = f"{self.url.rstrip('/')}{api.API_PREFIX}/jobs/{self.job_id}/steps"
+        try:
+            response = self.client.get(path, headers=_headers(self.token), timeout=self.timeout_s)
+            if response.status_code == 404:
+                return None
+            response.raise_for_status()
+            rows: list[dict[str, Any]] = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("could not fetch steps from %s: %s", path, exc)
+            return None
+        mine = [
+            r
+            for r in rows
+            if isinstance(r.get("start_s"), float | int)
+            and r["start_s"] >= since_s
+            and isinstance(r.get("end_s"), float | int)
+        ]
+        if not mine:
+            return None
+        low = min(int(r["step"]) for r in mine)
+        seen = min(float(r["end_s"]) for r in mine if int(r["step"]) == low)
+        return FirstStep(low, seen, "collector")
 
 
 # A controller posts a handful of records per recovery: 4 MiB keeps thousands of them.

@@ -230,7 +230,11 @@ def supervise(spec: TrainJob) -> int:
                 ),
             ]
         ),
-        steps=attempts.ProgressWatch(job_id=spec.job, progress_root=rundir.progress_root()),
+        steps=attempts.ProgressWatch(
+            job_id=spec.job,
+            progress_root=rundir.progress_root(),
+            remote=collector_link.CollectorSteps(url=spec.url, job_id=spec.job),
+        ),
     )
     return ctl.run()
 

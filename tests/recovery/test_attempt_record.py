@@ -177,3 +177,38 @@ def test_local_diagnosis_pins_the_nodes_devices_and_reports_what_failed(
     )
     with pytest.raises(RuntimeError, match="did not finish in 1 s"):
         slow.diagnose("node-0", timeout_s=1)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_with_a_collector_its_api_returns_the_crash_and_the_restart_record(tmp_path: Path) -> None:
+    """The same kill with the job shipping to a collector: the controller posts its crash
+    finding and the restart (twice: at relaunch, then with the resume step) and the query API
+    returns them; the first step comes from the collector's own step records."""
+    import httpx
+
+    from vigil.recovery import demo
+
+    job = f"attempts-c-{uuid.uuid4().hex[:8]}"
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    env = {"TOY_DIR": str(toy), "TOY_STEPS": "8", "TOY_STEP_S": "0.2", "TOY_KILL": "0:1:5"}
+    with demo.platform(tmp_path) as url:
+        _vigil(
+            ["run", "--quiet", "--nproc", "2", "--nodes", "2", "--job", job, "--collector", url,
+             "--run-dir", str(tmp_path / "run"), "--output-dir", str(tmp_path / "out"),
+             "--snapshot-dir", str(tmp_path / "shm"),
+             "--", sys.executable, str(HERE / "sdk_job.py")],
+            env, tmp_path,
+        )  # fmt: skip
+        actions = httpx.get(f"{url}/api/v1/actions", params={"job_id": job}, timeout=10).json()
+        findings = httpx.get(f"{url}/api/v1/jobs/{job}/findings", timeout=10).json()
+    (restart,) = [a for a in actions if a["kind"] == "restart"]
+    assert (restart["state"], restart["attempt"]) == ("succeeded", 1)
+    assert (restart["resume_step"], restart["steps_lost"]) == (3, 2)
+    crash = next(f for f in findings if f["finding_id"] == restart["finding_id"])
+    assert crash["kind"] == "crash" and crash["subjects"]["ranks"] == [1]
+    assert crash["step_start"] == 5 and "killed by SIGKILL" in crash["summary"]
+    assert restart["recovered_s"] > crash["detected_s"]  # time to recover, from the API alone
+    # Without offline records, the job's folder holds only the controller's record.
+    assert sorted(p.name for p in (tmp_path / "out" / job).iterdir()) == ["controller.jsonl"]

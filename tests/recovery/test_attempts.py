@@ -83,6 +83,19 @@ def test_progress_watch_reads_the_attempts_own_files_exactly(tmp_path: Path) -> 
     assert watch.first_step(2, 120.0) is None
 
 
+def test_progress_watch_asks_the_collector_when_the_job_has_no_files(tmp_path: Path) -> None:
+    asked: list[float] = []
+
+    def remote(since_s: float) -> FirstStep | None:
+        asked.append(since_s)
+        return FirstStep(7, 130.0, "collector") if len(asked) > 1 else None
+
+    watch = attempts.ProgressWatch(job_id="j", records_dir=tmp_path / "none", remote=remote)
+    assert watch.first_step(1, 120.0) is None  # not there yet (nor any page): wait
+    assert watch.first_step(1, 120.0) == FirstStep(7, 130.0, "collector")
+    assert asked == [120.0, 120.0]
+
+
 def _exit(rank: int, code: int, node: str = "node-0") -> RankExit:
     return RankExit(rank=rank, node=node, returncode=code, seen_s=50.0)
 
