@@ -152,7 +152,7 @@ class BackgroundSnapshotter:
             return self._idle.is_set(), 0.0
         started, arrived = time.perf_counter(), time.time()
         flags = torch.tensor([0.0 if self._idle.is_set() else 1.0, arrived], dtype=torch.float64)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.agree_group)
+        snapshot.all_reduce(flags, dist.ReduceOp.MAX, self.agree_group)
         spent = time.perf_counter() - started
         skew = min(spent, max(0.0, float(flags[1]) - arrived))
         self.stats.agree_s_total += spent - skew

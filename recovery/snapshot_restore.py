@@ -2,7 +2,8 @@
 
 Each rank lists the snapshot files in its own node's shared memory only (its own, its node
 mates', the replicas it keeps for the previous node), the ranks share those lists (one
-all_gather_object over a gloo group), and all of them pick the same step: the newest that every
+all_gather_object over a gloo group, the one collective of snapshots the SDK sees, once at
+start), and all of them pick the same step: the newest that every
 rank's state is held at somewhere and that is newer than the checkpoint (`plans`, pure). A rank
 whose files are gone (its node's memory was lost) receives its snapshot from the rank that holds
 the replica, over the same group. Only files renamed into place are listed, so a restore never
@@ -126,22 +127,22 @@ def _fetch(
         path = held.get((rank, step))
         size = path.stat().st_size if path is not None and path.exists() else 0
         header = torch.tensor([size], dtype=torch.int64)
-        works.append(dist.isend(header, rank, group=group))
+        works.append(snapshot.send(header, rank, group))
         if size:
             assert path is not None
             data = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
-            works.append(dist.isend(data, rank, group=group))
+            works.append(snapshot.send(data, rank, group))
     try:
         source = plan.sources[me]
         if source == me:
             return _load(held[(me, step)])
         header = torch.zeros(1, dtype=torch.int64)
-        _wait(dist.irecv(header, source, group=group))
+        _wait(snapshot.recv(header, source, group))
         size = int(header.item())
         if size <= 0:
             raise FileNotFoundError(f"rank {source} no longer holds rank {me}'s step {step}")
         data = torch.empty(size, dtype=torch.uint8)
-        _wait(dist.irecv(data, source, group=group))
+        _wait(snapshot.recv(data, source, group))
         return _load(io.BytesIO(data.numpy().tobytes()))
     finally:
         for work in works:
@@ -161,5 +162,5 @@ def _load(source: Path | io.BytesIO) -> Any:
 def _everywhere(ok: bool, world: int, group: Any) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
     if world > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        snapshot.all_reduce(flag, dist.ReduceOp.MIN, group)
     return int(flag.item()) == 1

@@ -67,6 +67,14 @@ def test_user_loop_loses_at_most_a_step_to_a_kill_and_to_a_lost_node(tmp_path: P
     sources = {rank: rows[2]["source"] for rank, rows in starts.items()}
     assert sources == {0: "local", 1: "local", 2: "peer", 3: "peer"}
     assert not (tmp_path / "shm" / "faulty").exists(), "a finished job's snapshots are freed"
+    # Snapshot traffic (agreement, replication) runs on groups of its own, below the SDK: the
+    # job's collective records hold only its own: DDP's all-reduces and the drop fault's barrier.
+    recorded = {
+        json.loads(line).get("op")
+        for path in (faulty / "vigil" / "faulty").glob("rank-*.jsonl")
+        for line in path.read_text().splitlines()
+    }
+    assert recorded - {None} == {"ddp_all_reduce", "barrier"}
     # Every step was trained, each exactly once after the last time it was lost.
     final = {r["step"]: r for r in steps[0]}
     assert sorted(final) == list(range(STEPS))
