@@ -479,6 +479,11 @@ class Controller:
                 last = self._last_steps()
                 if last:
                     self.state.failed_last_step = min(last.values())
+            # Fence off the nodes a move leaves before the ranks stop: a scheduler (Kubernetes)
+            # places the restarted ranks the moment the old ones go (idempotent per node).
+            if action.kind is not ActionKind.RESTART:
+                for node in (n for n in action.target.split(",") if n):
+                    self.executor.cordon(node)
             self.executor.stop(timeout_s=self.config.stop_timeout_s if graceful else 0.0)
             self.executor.kill_attempt(self.state.attempt)
             self._die_if("stopped")
