@@ -179,7 +179,8 @@ def series(
 
 def recovery(conn: Connection, job_id: str) -> list[dict[str, Any]]:
     """Per finding (oldest first): detected, its actions in order, and when training resumed,
-    the time to recover and the steps lost (from its restart action's record)."""
+    the time to recover and the steps lost (from the record of the action that relaunched it:
+    a restart, migration or resize)."""
     found = queries.findings(conn, job_id=job_id, state=None, kind=None, limit=200)
     acts = queries.actions(conn, job_id=job_id, limit=1000)
     by_finding: dict[str, list[dict[str, Any]]] = {}
@@ -190,7 +191,8 @@ def recovery(conn: Connection, job_id: str) -> list[dict[str, Any]]:
         mine = by_finding.get(finding["finding_id"], [])
         if not mine:
             continue
-        restarts = [a for a in mine if a["kind"] == "restart" and (a.get("recovered_s") or 0) > 0]
+        # The action that relaunched the job (restart, migrate, resize) carries its recovery.
+        restarts = [a for a in mine if (a.get("recovered_s") or 0) > 0]
         restart = restarts[-1] if restarts else None
         resumed_s = float(restart["recovered_s"]) if restart else None
         out.append(

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -293,3 +294,43 @@ def test_worst_of_columns_when_steps_are_missing(stores: TestClient) -> None:
     assert header["step_stride"] == 4 and header["steps"] == [0, 4, 8, 12, 16]
     assert values[2] == pytest.approx([0.5, 2.0, 0.5])
     assert all(v == pytest.approx(0.5) for c in (0, 1, 3, 4) for v in values[c])
+
+
+def test_recovery_timeline_from_findings_and_actions(client: TestClient) -> None:
+    """detected -> actions in order -> resumed, from the action that relaunched the job."""
+    finding = schema.Finding(
+        finding_id="f-slow",
+        kind=schema.FindingKind.STRAGGLER,
+        job_id=rec.JOB,
+        summary="rank 2 slow",
+        detected_s=1000.0,
+    )
+
+    def action(kind: schema.ActionKind, at: float, **extra: Any) -> schema.Action:
+        return schema.Action(
+            action_id=f"a-{kind}",
+            kind=kind,
+            job_id=rec.JOB,
+            finding_id="f-slow",
+            state=schema.ActionState.SUCCEEDED,
+            start_s=at,
+            end_s=at + 1,
+            **extra,
+        )
+
+    _post(
+        client,
+        [
+            _job(4),
+            rec.step(0, 0),
+            finding,
+            action(
+                schema.ActionKind.MIGRATE, 1003.0, resume_step=16, steps_lost=2, recovered_s=1012.5
+            ),
+            action(schema.ActionKind.CHECKPOINT, 1001.0),
+        ],
+    )
+    (timeline,) = client.get(f"/ui/api/jobs/{rec.JOB}").json()["recovery"]
+    assert [a["kind"] for a in timeline["actions"]] == ["checkpoint", "migrate"]
+    assert timeline["time_to_recover_s"] == pytest.approx(12.5)
+    assert (timeline["resume_step"], timeline["steps_lost"]) == (16, 2)
