@@ -292,12 +292,13 @@ class Agent:
         if self.gpus is not None:
             try:
                 readings += self.gpus.sample()
-                pids = {
-                    t.last.pid: sampler.Owner(t.last.job, t.last.rank)
-                    for t in self._tracked.values()
-                    if t.last is not None
-                }
-                self._owners = self.gpus.owners(pids)
+                pages = [t.last for t in self._tracked.values() if t.last is not None]
+                ranks = [
+                    sampler.Owner(p.job, p.rank, run=p.path.parent.name, local_rank=p.local_rank)
+                    for p in pages
+                ]
+                pids = {p.pid: owner for p, owner in zip(pages, ranks, strict=True)}
+                self._owners = self.gpus.owners(pids, ranks)
             except Exception as exc:
                 log.warning("NVML sampling failed: %r", exc)
         self._readings = readings

@@ -2,9 +2,11 @@
 
 `Reading`s carry the Prometheus name parts; the agent turns them into `schema.Sample` records
 (metric = the full Prometheus name) and gauges. GPU readings are attributed to the job, rank and
-pod whose process uses the device (NVML's running-process list matched against the progress
-pages' pids). Without NVML the agent says so once and samples only the host. The NVML module and
-psutil are injected so tests can pass their own. No network, no files.
+pod whose process uses the device: NVML's running-process list matched against the progress pages'
+pids, and on Kubernetes the kubelet's pod-resources answer (agent/podresources.py: which pod holds
+which GPU) joined with the pages' run folders and local ranks (`attribute`). Without NVML the
+agent says so once and samples only the host. The NVML module, psutil and the pod-resources
+client are injected so tests can pass their own. No files; the only I/O is through them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from vigil.agent import podresources
 from vigil.metric_names import MetricKind, Unit, metric_name
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,60 @@ class Owner:
     job: str
     rank: int
     pod: str = ""
+    # The rank's progress folder (<root>/<job>/<run>/) and LOCAL_RANK, for the pod join: a
+    # training pod names its run after itself (VIGIL_RUN_ID from metadata.name).
+    run: str = ""
+    local_rank: int = -1
+
+
+def attribute(
+    uuids: list[str],
+    devices: list[podresources.PodDevice],
+    by_pid: Mapping[str, Owner],
+    ranks: list[Owner],
+) -> dict[str, Owner]:
+    """GPU UUID -> owner, from the kubelet's allocations (`devices`) and the node's ranks.
+
+    The pod's ranks are those whose run folder is named after the pod (or, when the node runs one
+    GPU pod and one run, that run's). A GPU NVML tied to one of them by process id keeps that rank
+    (a pid match with a rank of another pod is a coincidence of PID namespaces and is ignored);
+    else one rank owns all of its pod's GPUs, and n ranks on n GPUs are matched in order: the
+    i-th LOCAL_RANK uses the pod's i-th GPU in NVML (PCI bus) order, the order CUDA enumerates a
+    container's identical GPUs in. Other GPUs of a pod carry the pod alone (job "", rank -1);
+    GPUs the kubelet gave no pod keep their process match.
+    """
+    index = {uuid: i for i, uuid in enumerate(uuids)}
+
+    def uuid_of(device_id: str) -> str | None:
+        if device_id in index:
+            return device_id
+        if device_id.isdigit() and int(device_id) < len(uuids):  # the plugin's index strategy
+            return uuids[int(device_id)]
+        return None
+
+    pods: dict[tuple[str, str], list[str]] = {}
+    for device in devices:
+        uuid = uuid_of(device.device_id)
+        if uuid is not None:
+            pods.setdefault((device.namespace, device.pod), []).append(uuid)
+    runs = {owner.run for owner in ranks}
+    found = dict(by_pid)
+    for (_, pod), pod_uuids in pods.items():
+        mine = [owner for owner in ranks if owner.run == pod]
+        if not mine and len(pods) == 1 and len(runs) == 1:
+            mine = list(ranks)
+        mine.sort(key=lambda owner: (owner.local_rank, owner.rank))
+        for i, uuid in enumerate(sorted(set(pod_uuids), key=index.__getitem__)):
+            if uuid in by_pid and by_pid[uuid] in mine:
+                owner = by_pid[uuid]
+            elif len(mine) == 1:
+                owner = mine[0]
+            elif len(mine) == len(pod_uuids):
+                owner = mine[i]
+            else:
+                owner = Owner("", -1)
+            found[uuid] = dataclasses.replace(owner, pod=pod)
+    return found
 
 
 class HostSampler:
@@ -84,8 +141,9 @@ class HostSampler:
 class NvmlSampler:
     """Per GPU: utilisation, clocks, memory, power, temperature, ECC, XID, throttling, PCIe."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, *, pods: podresources.PodResourcesClient | None = None) -> None:
         self._nvml = nvml
+        self._pods = pods
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
@@ -105,8 +163,11 @@ class NvmlSampler:
             log.info("NVML XID events unavailable: %s", exc)
             return None
 
-    def owners(self, pids: Mapping[int, Owner]) -> dict[str, Owner]:
-        """Device UUID -> the job/rank whose process runs on it."""
+    def owners(
+        self, pids: Mapping[int, Owner], ranks: list[Owner] | None = None
+    ) -> dict[str, Owner]:
+        """Device UUID -> the job/rank (and on Kubernetes the pod) using it; `ranks`: every rank
+        with a page on this node (default: those in `pids`), for the pod-resources join."""
         found: dict[str, Owner] = {}
         for uuid, handle in zip(self._uuids, self._handles, strict=True):
             try:
@@ -116,6 +177,9 @@ class NvmlSampler:
             for proc in procs:
                 if proc.pid in pids:
                     found[uuid] = pids[proc.pid]
+        if self._pods is not None:
+            ranks = list(pids.values()) if ranks is None else ranks
+            found = attribute(self._uuids, self._pods.devices(), found, ranks)
         return found
 
     def sample(self) -> list[Reading]:
@@ -229,6 +293,8 @@ class NvmlSampler:
         return readings
 
     def close(self) -> None:
+        if self._pods is not None:
+            self._pods.close()
         try:
             self._nvml.nvmlShutdown()
         except Exception as exc:
@@ -253,10 +319,14 @@ def open_nvml(*, enabled: bool) -> NvmlSampler | None:
     if not enabled:
         log.info("NVML sampling disabled: sampling the host only")
         return None
+    pods = None
     try:
         import pynvml  # provided by nvidia-ml-py
 
-        return NvmlSampler(pynvml)
+        pods = podresources.open_client()
+        return NvmlSampler(pynvml, pods=pods)
     except Exception as exc:
+        if pods is not None:
+            pods.close()
         log.warning("NVML unavailable (%s): no GPU metrics, sampling the host with psutil", exc)
         return None

@@ -92,3 +92,6 @@ class EnvVar(enum.StrEnum):
     DOCS_PUBLIC = "VIGIL_DOCS_PUBLIC"
     # Grafana service-account token `vigil dashboards push` uploads with (kept out of argv).
     GRAFANA_TOKEN = "VIGIL_GRAFANA_TOKEN"
+    # The kubelet's pod-resources socket the node agent reads to attribute each GPU to its pod
+    # (default /var/lib/kubelet/pod-resources/kubelet.sock; the Helm chart mounts it read-only).
+    POD_RESOURCES_SOCKET = "VIGIL_POD_RESOURCES_SOCKET"
