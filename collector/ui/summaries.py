@@ -281,21 +281,25 @@ def _rank_collectives(conn: Connection, job_id: str, rank: int, step: int) -> li
     ]
 
 
-def _median_rank(conn: Connection, job_id: str, step: int) -> int | None:
-    _, (_, ranks, values) = heatmap.matrix(
-        conn,
-        job_id,
-        metric=heatmap.HeatmapMetric.STEP_TIME,
-        step_start=step,
-        step_end=step,
-        max_steps=1,
+def _median_rank(conn: Connection, job_id: str, step: int, rank: int) -> int | None:
+    """The rank whose compute time (step time minus exposed wait) at `step` is nearest the
+    step's median, other than `rank` when there is another: in synchronous training every
+    rank's step time is about the same, compute tells the typical rank from a straggler."""
+    one: dict[str, Any] = {"step_start": step, "step_end": step, "max_steps": 1}
+    _, (_, ranks, total) = heatmap.matrix(
+        conn, job_id, metric=heatmap.HeatmapMetric.STEP_TIME, **one
     )
-    if not values.size or np.isnan(values[0]).all():
+    _, (_, _, wait) = heatmap.matrix(conn, job_id, metric=heatmap.HeatmapMetric.COMM_WAIT, **one)
+    if not total.size or np.isnan(total[0]).all():
         return None
-    row = values[0]
+    compute = total[0] - wait[0]
     with _quiet():
-        median = np.nanmedian(row)
-        return int(ranks[int(np.nanargmin(np.abs(row - median)))])
+        distance = np.abs(compute - np.nanmedian(compute))
+        if len(ranks) > 1:
+            distance[ranks == rank] = np.nan
+        if np.isnan(distance).all():
+            return None
+        return int(ranks[int(np.nanargmin(distance))])
 
 
 def _step_record(conn: Connection, job_id: str, rank: int, step: int) -> dict[str, Any] | None:
@@ -326,7 +330,7 @@ def _gpu_samples(conn: Connection, node: str, start_s: float, end_s: float) -> l
 
 def cell(conn: Connection, job_id: str, *, rank: int, step: int) -> dict[str, Any]:
     """One rank at one step beside the step's median rank: phases, collectives, GPU samples."""
-    median = _median_rank(conn, job_id, step)
+    median = _median_rank(conn, job_id, step, rank)
     where = {r["rank"]: r for r in queries.ranks(conn, job_id) if r["rank"] in (rank, median)}
     record = _step_record(conn, job_id, rank, step)
     gpu: list[dict[str, Any]] = []
