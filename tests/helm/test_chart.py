@@ -106,8 +106,8 @@ BAD_VALUES = [
     ({"collector": {"replicas": 2}}, "/collector/replicas': value must be 1"),
     ({"collector": {"store": {"type": "postgres"}}}, "postgres/existingSecret': minLength"),
     ({"collector": {"store": {"type": "mysql"}}}, "value must be one of 'sqlite', 'postgres'"),
-    ({"controller": {"recovery": {"mode": "yolo"}}}, "'observe', 'advise', 'act'"),
-    ({"controller": {"recovery": {"maxCordonedFraction": 2}}}, "maxCordonedFraction"),
+    ({"controller": {"recovery": {"mode": "yolo"}}}, "value must be one of 'observe', 'act'"),
+    ({"controller": {"recovery": {"breaker": {"maxFraction": 2}}}}, "breaker/maxFraction"),
     ({"agent": {"progressDir": "/tmp/vigil"}}, "/agent/progressDir"),
     ({"image": {"digest": "latest"}}, "/image/digest"),
     ({"collector": {"port": 70000}}, "/collector/port"),
@@ -193,24 +193,79 @@ def test_the_controller_gets_exactly_the_permissions_it_needs() -> None:
     rbac = _rbac("controller-act")
     (cluster_role,) = [o for o in rbac if o["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
     ]
     roles = {
-        (o["metadata"]["namespace"], o["metadata"]["name"]): o for o in rbac if o["kind"] == "Role"
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in rbac if o["kind"] == "Role"
     }
-    workload_roles = {ns for ns, role in roles if not role.endswith("-lease")}
-    assert workload_roles == {"training", "research"}  # the allow-list, nothing cluster-wide
-    for role in roles.values():
+    # Read access where its jobs run; write access only in the allow-listed namespace.
+    assert roles == {
+        ("training", "vigil-controller-observe"),
+        ("research", "vigil-controller-observe"),
+        ("training", "vigil-controller-act"),
+    }
+    for role in (o for o in rbac if o["kind"] in {"Role", "ClusterRole"}):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+            assert not {"delete", "deletecollection", "update", "escalate", "bind"} & set(
+                rule["verbs"]
+            )
     for binding in (o for o in rbac if o["kind"] in {"RoleBinding", "ClusterRoleBinding"}):
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "vigil-controller", "namespace": chart.NAMESPACE}
         ]
-    ctl = one("controller-act", "Deployment", "controller")
-    args = pod_spec(ctl)["containers"][0]["args"]
-    assert "--mode=act" in args and "--namespaces=training,research" in args
+    # Observe mode never gets to change a node or a pod.
+    observe = {"controller": {"enabled": True, "jobs": [{"jobset": "j", "namespace": "t"}]}}
+    rendered = [o for o in chart.render(observe) if o["kind"] in RBAC]
+    verbs = {v for o in rendered if "rules" in o for r in o["rules"] for v in r["verbs"]}
+    resources = {x for o in rendered if "rules" in o for r in o["rules"] for x in r["resources"]}
+    assert "pods/eviction" not in resources and "pods/exec" not in resources
+    assert [r["verbs"] for o in rendered if o["kind"] == "ClusterRole" for r in o["rules"]] == [
+        ["get", "list"]
+    ]
+    assert verbs <= {"get", "list", "create", "patch"}  # create/patch: its Lease, its journal
+
+
+def test_controller_needs_a_job_to_watch() -> None:
+    with pytest.raises(helm.HelmValuesError, match="jobs"):
+        chart.render({"controller": {"enabled": True}})
+    with pytest.raises(helm.HelmValuesError, match="oneOf"):
+        chart.render(
+            {
+                "controller": {
+                    "enabled": True,
+                    "jobs": [{"jobset": "a", "trainjob": "b", "namespace": "t"}],
+                }
+            }
+        )
+
+
+def test_the_controller_commands_are_what_vigil_controller_accepts() -> None:
+    k8s_cli = pytest.importorskip(
+        "vigil.recovery.k8s_cli", reason="`vigil controller --kubernetes` is not in this checkout"
+    )
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    k8s_cli._configure(parser)
+    parsed = {}
+    for ctl in objects("controller-act", "Deployment"):
+        if ctl["metadata"]["labels"]["app.kubernetes.io/component"] != "controller":
+            continue
+        container = pod_spec(ctl)["containers"][0]
+        assert container["args"][0] == "controller"
+        args = parser.parse_args(container["args"][1:])
+        parsed[args.jobset or args.trainjob] = args
+        assert "VIGIL_TOKEN" in env_of(container)
+    llama, bert = parsed["llama-pretrain"], parsed["bert-finetune"]
+    assert (llama.namespace, llama.ranks_per_pod, llama.mode) == ("training", 8, "act")
+    assert llama.allow_namespace == ["training"] and bert.allow_namespace == ["training"]
+    assert (bert.trainjob, bert.namespace, bert.max_restarts) == ("bert-finetune", "research", 2)
+    assert (llama.breaker_max_nodes, llama.breaker_max_fraction, llama.breaker_window) == (
+        1,
+        0.05,
+        7200.0,
+    )
+    assert llama.collector == f"http://vigil-collector.{chart.NAMESPACE}.svc:8470"
 
 
 def _granted(rbac: list[dict[str, Any]], entry: dict[str, str]) -> bool:
@@ -253,7 +308,8 @@ def test_helm_test_checks_health_metrics_and_each_controller_permission() -> Non
     assert pod["spec"]["serviceAccountName"] == "vigil-controller"
     verbs = {(a["resource"], a["verb"]) for a in access}
     assert {("nodes", "patch"), ("pods/eviction", "create"), ("jobsets", "patch")} <= verbs
-    assert {("leases", "create"), ("leases", "update"), ("jobs", "create")} <= verbs
+    assert {("leases", "create"), ("leases", "patch"), ("jobs", "create")} <= verbs
+    assert {a["namespace"] for a in access if a["resource"] == "pods/eviction"} == {"training"}
     rbac = _rbac("controller-act")
     assert [a for a in access if not _granted(rbac, a)] == []
     # ... and the evaluator does refuse what the chart does not grant.
