@@ -72,17 +72,27 @@ def fault_spec(kind: str, step: int) -> str:
     return f"{kind}:rank=1,step={step}" + (",where=before" if kind == "hang" else "")
 
 
+def last_done(steps: list[dict[str, Any]], fault_step: int, attempt: int = 0) -> dict[str, Any]:
+    """The last step of `attempt` recorded before the fault (normally fault_step - 1; earlier
+    when the record's rank was stopped before it recorded that step, which it then never
+    finished)."""
+    done = [s for s in steps if s["attempt"] == attempt and s["step"] < fault_step]
+    return min(
+        (s for s in done if s["step"] == max(x["step"] for x in done)), key=lambda s: s["end_s"]
+    )
+
+
 def onset(steps: list[dict[str, Any]], fault_step: int, attempt: int = 0) -> float:
-    return min(s["end_s"] for s in steps if s["attempt"] == attempt and s["step"] == fault_step - 1)
+    return float(last_done(steps, fault_step, attempt)["end_s"])
 
 
 def first_of(steps: list[dict[str, Any]], attempt: int) -> dict[str, Any]:
     return min((s for s in steps if s["attempt"] == attempt), key=lambda s: s["end_s"])
 
 
-def lost(fault_step: int, first: dict[str, Any]) -> int:
-    """Completed steps redone: those before the fault that the restart ran again."""
-    return max(0, (fault_step - 1) - (first["step"] - 1))
+def lost(steps: list[dict[str, Any]], fault_step: int, first: dict[str, Any]) -> int:
+    """Completed steps redone: those finished before the fault that the restart ran again."""
+    return max(0, int(last_done(steps, fault_step)["step"]) - (first["step"] - 1))
 
 
 def vigil_case(kind: str, url: str, root: Path, step: int = FAULT_STEP) -> dict[str, float]:
@@ -109,7 +119,7 @@ def vigil_case(kind: str, url: str, root: Path, step: int = FAULT_STEP) -> dict[
         "detect_s": finding.detected_s - began,
         "restart_s": first["end_s"] - restart.start_s,
         "recover_s": first["end_s"] - began,
-        "steps_lost": lost(step, first),
+        "steps_lost": lost(steps, step, first),
         "culprit_ok": float(finding.subjects.ranks == [1]),
     }
 
@@ -180,7 +190,7 @@ def torchrun_case(kind: str, url: str, root: Path, step: int, timeout_s: float) 
     return {
         "detect_s": float("nan") if failed is None else failed - began,
         "recover_s": first["end_s"] - began,
-        "steps_lost": lost(step, first),
+        "steps_lost": lost(steps, step, first),
     }
 
 
