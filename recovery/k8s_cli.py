@@ -1,0 +1,236 @@
+"""`vigil controller --kubernetes`: the recovery controller for one JobSet or TrainJob.
+
+Argument parsing and wiring only: the loop is `controller.Controller`, the cluster work
+`kubernetes.KubernetesExecutor` (imported when the command runs, so `vigil --help` never needs
+the Kubernetes client), the journal `k8s_journal.AnnotationJournal` on the JobSet itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import uuid
+
+from vigil import cli, settings
+from vigil.recovery import collector_link, controller, journal, k8s_journal, k8s_plan
+from vigil.schema import Action, ActionKind, ActionState
+
+log = logging.getLogger(__name__)
+
+# Exit code when another controller holds the Lease and --wait-lease is 0.
+LEASE_HELD_EXIT = 3
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        required=True,
+        help="recover a job on Kubernetes (the only executor this command runs)",
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--jobset", help="the JobSet to recover")
+    target.add_argument("--trainjob", help="the Kubeflow TrainJob to recover (through its JobSet)")
+    parser.add_argument("--namespace", required=True, help="the job's namespace")
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)",
+    )
+    parser.add_argument("--context", default=None, help="kubeconfig context")
+    parser.add_argument(
+        "--mode",
+        choices=("observe", "act"),
+        default="observe",
+        help="observe (default): record what it would do, change nothing; act: quarantine, "
+        "evict and restart (only in --allow-namespace namespaces)",
+    )
+    parser.add_argument(
+        "--allow-namespace",
+        action="append",
+        default=[],
+        help="a namespace `act` may change (repeat; default none: everything is observed)",
+    )
+    parser.add_argument(
+        "--breaker-max-nodes",
+        type=cli.non_negative_int,
+        default=2,
+        help="nodes vigil may quarantine per window (default 2)",
+    )
+    parser.add_argument(
+        "--breaker-max-fraction",
+        type=float,
+        default=0.1,
+        help="share of the cluster's nodes vigil may quarantine per window (default 0.1)",
+    )
+    parser.add_argument(
+        "--breaker-window",
+        type=cli.non_negative_float,
+        default=3600.0,
+        help="the circuit breaker's window in seconds (default 3600)",
+    )
+    parser.add_argument(
+        "--ranks-per-pod", type=cli.positive_int, default=1, help="ranks each pod runs (nproc)"
+    )
+    parser.add_argument(
+        "--max-restarts", type=cli.non_negative_int, default=3, help="restarts before giving up"
+    )
+    parser.add_argument(
+        "--job", default=None, help="the job id the ranks report under (default: the job's name)"
+    )
+    parser.add_argument(
+        "--collector",
+        type=cli.collector_url,
+        default=None,
+        help="collector URL: findings come from there and actions go there",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="namespace of the one-active-controller Lease (default: the job's)",
+    )
+    parser.add_argument(
+        "--wait-lease",
+        type=cli.non_negative_float,
+        default=60.0,
+        help="seconds to wait for the Lease another controller holds (default 60)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=cli.non_negative_float,
+        default=1.0,
+        help="seconds between looks at the job (default 1)",
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from vigil.recovery import kubernetes as kube
+    except ImportError as exc:
+        sys.stderr.write(
+            f"vigil controller: the Kubernetes client is missing ({exc}); install vigil[k8s]\n"
+        )
+        return 2
+    name = args.jobset or args.trainjob
+    try:
+        breaker = k8s_plan.BreakerLimits(
+            max_nodes=args.breaker_max_nodes,
+            max_fraction=args.breaker_max_fraction,
+            window_s=args.breaker_window,
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"vigil controller: circuit breaker: {exc}\n")
+        return 2
+    try:
+        api = kube.Api(kube.connect(args.kubeconfig, args.context))
+    except Exception as exc:  # a bad kubeconfig raises the client's own ConfigException
+        sys.stderr.write(f"vigil controller: cannot reach the cluster: {exc}\n")
+        return 2
+    acting = args.mode == "act" and args.namespace in set(args.allow_namespace)
+    kind = kube.TRAINJOB if args.trainjob else kube.JOBSET
+    # Observe mode changes nothing, its journal included.
+    store: k8s_journal.AnnotationStore = (
+        kube.JobSetAnnotations(api, args.namespace, name, kind)
+        if acting
+        else k8s_journal.MemoryStore()
+    )
+    lease = None
+    if acting:
+        lease = kube.Lease(api=api, namespace=args.lease_namespace or args.namespace)
+        deadline = time.monotonic() + args.wait_lease
+        while not lease.acquire():
+            if time.monotonic() > deadline:
+                sys.stderr.write(
+                    f"vigil controller: another controller holds Lease "
+                    f"{lease.namespace}/{lease.name}\n"
+                )
+                return LEASE_HELD_EXIT
+            time.sleep(1.0)
+    executor = kube.KubernetesExecutor(
+        api=api,
+        namespace=args.namespace,
+        jobset=name,
+        trainjob=args.trainjob or "",
+        mode=args.mode,
+        allowed_namespaces=frozenset(args.allow_namespace),
+        breaker=breaker,
+        store=store,
+        ranks_per_pod=args.ranks_per_pod,
+        lease=lease,
+    )
+    job_id = args.job or name
+    common = settings.CommonSettings()
+    url = args.collector or common.collector_url or None
+    sinks: list[collector_link.CollectorActions] = (
+        [collector_link.CollectorActions(url=url, token=common.token)] if url else []
+    )
+    sink = journal.Tee(sinks)
+    for problem in executor.problems:
+        sys.stderr.write(f"vigil controller: {args.namespace}/{name}: {problem}\n")
+    if executor.problems:
+        sink.publish(_precondition_record(job_id, name, executor.problems))
+    book = k8s_journal.AnnotationJournal(store)
+    layout = executor.placement()
+    saved = book.load_state()
+    config = controller.ControllerConfig(
+        job_id=job_id,
+        run_id=saved.run_id if saved else uuid.uuid4().hex,
+        max_restarts=args.max_restarts,
+        poll_interval_s=max(args.poll_interval, 0.05),
+        # No resize on Kubernetes: without a spare the job restarts in place.
+        min_dp_size=len(layout.active),
+        stop_timeout_s=0.0,
+    )
+    sys.stderr.write(
+        f"vigil controller: {args.namespace}/{name} in {args.mode} mode"
+        + ("" if acting or args.mode == "observe" else " (namespace not allowed: observing)")
+        + f"; {len(layout.active)} pods on {','.join(layout.active)}; "
+        f"{len(layout.spares)} spare node(s)\n"
+    )
+    ctl = controller.Controller(
+        config=config,
+        executor=executor,
+        journal=book,
+        placement=layout,
+        sink=sink,
+        findings=collector_link.CollectorFindings(url=url, job_id=job_id, token=common.token)
+        if url
+        else None,
+    )
+    try:
+        code = ctl.run()
+    except kube.LeaseLostError as exc:
+        sys.stderr.write(f"vigil controller: {exc}; stopping\n")
+        return LEASE_HELD_EXIT
+    finally:
+        for s in sinks:
+            s.replay()
+            s.close()
+    for action in book.actions():
+        log.info("%s %s %s: %s", action.action_id, action.kind, action.state, action.result)
+    return code
+
+
+def _precondition_record(job_id: str, name: str, problems: list[str]) -> Action:
+    """The report of a job vigil will not restart (the schema has no finding kind for a job's
+    own configuration: it is a skipped restart, with the reasons)."""
+    return Action(
+        action_id=f"{job_id}/preconditions",
+        kind=ActionKind.RESTART,
+        job_id=job_id,
+        target=name,
+        state=ActionState.SKIPPED,
+        result="vigil will not restart this job: " + "; ".join(problems),
+    )
+
+
+controller_command = cli.Command(
+    name="controller",
+    help="recover a JobSet or TrainJob on Kubernetes (quarantine, evict, restart)",
+    configure=_configure,
+    run=_run,
+)
+
+__all__ = ["controller_command"]
