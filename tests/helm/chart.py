@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "vigil"
 CRDS = Path(__file__).resolve().parent / "crds"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schema known.
-KUBE_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version() + ".0")
+KUBE_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
 RELEASE = "vigil"
 NAMESPACE = "vigil-system"
 

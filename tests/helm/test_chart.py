@@ -434,7 +434,8 @@ def test_the_agent_and_collector_commands_are_what_vigil_accepts(name: str) -> N
         if o["metadata"]["labels"]["app.kubernetes.io/component"] == "collector"
     ]
     if not collectors:
-        assert "VIGIL_COLLECTOR_URL" not in env
+        assert "VIGIL_COLLECTOR_URL" not in env and "VIGIL_TOKEN" not in env
+        assert objects(name, "Secret") == []  # no tokens without a collector to check them
         return
     (collector,) = collectors
     c = pod_spec(collector)["containers"][0]
