@@ -525,3 +525,29 @@ def test_the_chart_reads_dashboards_through_its_symlink() -> None:
     link = chart.CHART / "files" / "dashboards"
     assert link.is_symlink() and link.resolve() == DASHBOARDS.resolve()
     assert Path(link, "rules").is_dir()
+
+
+def _readme_section() -> str:
+    text = (chart.ROOT / "README.md").read_text()
+    return text.split("## Deploy on Kubernetes", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_install_line_and_training_pod_lines_are_valid() -> None:
+    section = _readme_section()
+    sets = re.findall(r"--set (\S+)", section)
+    assert sets
+    values = helm.parse_set_string(",".join(sets).replace("<registry>", "registry.example"))
+    assert chart.render(values)  # the schema accepts the README's install line
+    (pod,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "containers:" in b]
+    spec = yaml.safe_load(pod)
+    env = {e["name"] for e in spec["containers"][0]["env"]}
+    assert {n for n in env if n.startswith("VIGIL_")} <= {v.value for v in EnvVar}
+    assert {"VIGIL_COLLECTOR_URL", "VIGIL_TOKEN", "VIGIL_RUN_ID", "NODE_NAME"} <= env
+    assert spec["volumes"][0]["hostPath"]["path"] == chart.VALUE_SETS["default"].get(
+        "agent", {}
+    ).get("progressDir", "/dev/shm/vigil")
+    for value in re.findall(r"^\| `([a-z][A-Za-z.]+)", section, re.M):
+        node: Any = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+        for key in value.rstrip(".").split("."):
+            assert key in node, f"README names {value}, values.yaml has no such key"
+            node = node[key]
