@@ -435,6 +435,7 @@ def test_the_agent_and_collector_commands_are_what_vigil_accepts(name: str) -> N
     ]
     if not collectors:
         assert "VIGIL_COLLECTOR_URL" not in env and "VIGIL_TOKEN" not in env
+        assert env["VIGIL_OUTPUT_DIR"] == "/var/lib/vigil/output"  # on the state hostPath
         assert objects(name, "Secret") == []  # no tokens without a collector to check them
         return
     (collector,) = collectors
