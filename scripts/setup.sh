@@ -25,4 +25,8 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,triton]'
+# checkov (tests/helm/test_checkov.py) in an environment of its own: its pins (packaging,
+# networkx) would downgrade what vigil's environment installs.
+[ -x .venv/checkov/bin/checkov ] || "$python" -m venv .venv/checkov
+.venv/checkov/bin/python -m pip install -q checkov==3.3.30
 .venv/bin/vigil version
