@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 grpc = pytest.importorskip("grpc")
 
@@ -189,6 +190,9 @@ def test_every_gpu_sample_carries_job_rank_and_pod(
             "GPU-0": ("", -1, "eval-7f9c4"),  # a pod without vigil: the pod alone
             "GPU-2": ("", -1, ""),  # allocated to nobody
         }
+        text = generate_latest(agent.registry).decode()
+        labels = f'device="GPU-3",job_id="llama",node="gpu-node-7",pod="{TRAINING_POD}",rank="7"'
+        assert f"vigil_gpu_utilization_ratio{{{labels}}} 0.4" in text  # /metrics says it too
     finally:
         agent.flusher.stop()
         gpus.close()
