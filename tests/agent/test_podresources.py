@@ -254,3 +254,30 @@ def test_sampling_does_not_wait_on_a_kubelet_longer_than_the_timeout(
     finally:
         servicer.delay_s = 0.0
         gpus.close()
+
+
+def test_the_committed_client_is_what_grpcio_tools_generates_from_the_vendored_proto(
+    tmp_path: Path,
+) -> None:
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    root = Path(__file__).resolve().parents[2]
+    status = protoc.main(
+        [
+            "protoc",
+            f"-Ivigil/agent={root / 'agent'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            "vigil/agent/podresources_v1.proto",
+        ]
+    )
+    assert status == 0
+    for name in (
+        "podresources_v1_pb2.py",
+        "podresources_v1_pb2.pyi",
+        "podresources_v1_pb2_grpc.py",
+    ):
+        generated = (tmp_path / "vigil" / "agent" / name).read_text()
+        assert generated == (root / "agent" / name).read_text(), (
+            f"agent/{name} differs from grpcio-tools' output: bash agent/podresources_v1_regen.sh"
+        )
