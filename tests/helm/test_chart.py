@@ -516,6 +516,16 @@ def test_every_default_value_has_its_place_in_the_strict_schema() -> None:
     )
 
 
+def test_agents_run_on_gpu_nodes_unless_the_selector_is_cleared() -> None:
+    default = pod_spec(one("default", "DaemonSet"))
+    assert default["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in default[
+        "tolerations"
+    ]
+    assert "nodeSelector" not in pod_spec(one("agent-only", "DaemonSet"))
+    assert "on every node" in chart.notes(chart.VALUE_SETS["agent-only"])
+
+
 def test_notes_say_how_to_reach_the_ui_and_api() -> None:
     text = chart.notes({})
     assert f"kubectl -n {chart.NAMESPACE} port-forward svc/vigil-collector 8470:8470" in text
