@@ -6,8 +6,9 @@ Renders the chart with Helm's engine (helm-python-sdk) for the defaults and ever
 helm/vigil/ci/*-values.yaml, lints each (--strict), validates every core object with
 kubernetes-validate --strict (Kubernetes 1.27 and the newest known schema) and every
 ServiceMonitor / PrometheusRule against the vendored prometheus-operator CRDs, and counts the bad
-values the schema refuses (tests/helm/test_chart.py's list). Render times are medians of 5 renders
-with their min-max spread. The last line is one JSON object.
+values the schema refuses (tests/helm/test_chart.py's list), and runs checkov's Kubernetes policies
+over all renders when .venv/checkov exists (scripts/setup.sh makes it). Render times are medians
+of 5 renders with their min-max spread. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -24,6 +27,7 @@ import helm_python as helm
 
 from tests.helm import chart
 from tests.helm.test_chart import BAD_VALUES
+from tests.helm.test_checkov import SKIPS
 
 REPEATS = 5
 
@@ -67,6 +71,16 @@ def main() -> None:
         )
         print(f"{'':<18} {json.dumps(row['kinds'])}")
     print(f"bad values refused by values.schema.json: {refused}/{len(BAD_VALUES)}")
+    found: dict[str, Any] = {"failed": [], "passed": 0, "skipped": []}
+    if chart.CHECKOV.exists():
+        with tempfile.TemporaryDirectory() as folder:
+            found = chart.checkov(Path(folder), SKIPS)
+        print(
+            f"checkov: {found['passed']} passed, {len(found['failed'])} failed, "
+            f"{len(found['skipped'])} skipped ({len(SKIPS)} checks skipped for all, with reasons)"
+        )
+    else:
+        print("checkov: not installed in .venv/checkov (bash scripts/setup.sh)")
     print(
         json.dumps(
             {
@@ -78,6 +92,8 @@ def main() -> None:
                 "lint_findings": sum(row["lint_findings"] for row in rows),
                 "bad_values_refused": refused,
                 "bad_values_tried": len(BAD_VALUES),
+                "checkov_passed": found["passed"],
+                "checkov_failed": len(found["failed"]),
                 "render_ms_median": {row["values"]: row["render_ms_median"] for row in rows},
             }
         )

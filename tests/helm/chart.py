@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ CRDS = Path(__file__).resolve().parent / "crds"
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
 RELEASE = "vigil"
 NAMESPACE = "vigil-system"
+
+# checkov runs from an environment of its own (scripts/setup.sh; its pins conflict with vigil's).
+CHECKOV = ROOT / ".venv" / "checkov" / "bin" / "checkov"
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Every values set the chart is tested with: the defaults and each ci/*-values.yaml.
@@ -145,6 +149,44 @@ def summary() -> dict[str, Any]:
             "validated_crd": checked["crd"],
         }
     return out
+
+
+def checkov(folder: Path, skips: dict[str, str]) -> dict[str, Any]:
+    """checkov's Kubernetes policies over every values set's render (written under `folder`):
+    the failed checks as text, the number passed, and the (check, object) pairs skipped."""
+    for name, values in VALUE_SETS.items():
+        Path(folder, f"{name}.yaml").write_text(yaml.safe_dump_all(render(values)))
+    done = subprocess.run(
+        [
+            CHECKOV,
+            "--directory",
+            str(folder),
+            "--framework",
+            "kubernetes",
+            "--skip-check",
+            ",".join(skips),
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(done.stdout)
+    reports = report if isinstance(report, list) else [report]
+    failed = [
+        f"{f['check_id']} {f['resource']} ({Path(f['file_path']).name}): {f['check_name']}"
+        for r in reports
+        for f in r["results"].get("failed_checks", [])
+    ]
+    skipped = [
+        (f["check_id"], f["resource"])
+        for r in reports
+        for f in r["results"].get("skipped_checks", [])
+    ]
+    passed = sum(r["summary"]["passed"] for r in reports)
+    return {"failed": failed, "passed": passed, "skipped": skipped}
 
 
 if __name__ == "__main__":

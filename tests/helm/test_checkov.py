@@ -9,16 +9,13 @@ missing probes, the test Pod's); each with its reason.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helm import chart
 
-CHECKOV = chart.ROOT / ".venv" / "checkov" / "bin" / "checkov"
+CHECKOV = chart.CHECKOV
 CHECKOV_VERSION = "3.3.30"
 
 # Skipped for every object, with the reason.
@@ -40,42 +37,9 @@ SKIPS = {
 
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    if not CHECKOV.exists():
+    if not chart.CHECKOV.exists():
         pytest.skip("checkov is not installed in .venv/checkov (bash scripts/setup.sh installs it)")
-    folder = tmp_path_factory.mktemp("render")
-    for name, values in chart.VALUE_SETS.items():
-        Path(folder, f"{name}.yaml").write_text(yaml.safe_dump_all(chart.render(values)))
-    done = subprocess.run(
-        [
-            CHECKOV,
-            "--directory",
-            str(folder),
-            "--framework",
-            "kubernetes",
-            "--skip-check",
-            ",".join(SKIPS),
-            "--output",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    report = json.loads(done.stdout)
-    reports = report if isinstance(report, list) else [report]
-    failed = [
-        f"{f['check_id']} {f['resource']} ({Path(f['file_path']).name}): {f['check_name']}"
-        for r in reports
-        for f in r["results"].get("failed_checks", [])
-    ]
-    passed = sum(r["summary"]["passed"] for r in reports)
-    skipped = [
-        (f["check_id"], f["resource"])
-        for r in reports
-        for f in r["results"].get("skipped_checks", [])
-    ]
-    return {"failed": failed, "passed": passed, "skipped": skipped}
+    return chart.checkov(tmp_path_factory.mktemp("render"), SKIPS)
 
 
 def test_checkov_is_the_pinned_version() -> None:
