@@ -11,6 +11,7 @@ holds host pids the ranks' pages never show, as on Kubernetes without hostPID.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import types
 from collections.abc import Iterator
@@ -193,6 +194,9 @@ def test_every_gpu_sample_carries_job_rank_and_pod(
         text = generate_latest(agent.registry).decode()
         labels = f'device="GPU-3",job_id="llama",node="gpu-node-7",pod="{TRAINING_POD}",rank="7"'
         assert f"vigil_gpu_utilization_ratio{{{labels}}} 0.4" in text  # /metrics says it too
+        # The chart scrapes agents with honorLabels (pod = the training pod): no series may carry
+        # a job label, which would override the scrape job vigil's alerts select on.
+        assert not re.search(r'[{,]job="', text)
     finally:
         agent.flusher.stop()
         gpus.close()
