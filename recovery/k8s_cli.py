@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import time
 import uuid
@@ -92,6 +93,18 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="namespace of the one-active-controller Lease (default: the job's)",
     )
     parser.add_argument(
+        "--lease-identity",
+        default=socket.gethostname(),
+        help="who holds the Lease (default: the host name, i.e. the pod's name, so a restarted "
+        "container takes its own Lease back at once; a replacement pod waits for it to expire)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=cli.positive_int,
+        default=15,
+        help="seconds the Lease lasts unless renewed (default 15)",
+    )
+    parser.add_argument(
         "--wait-lease",
         type=cli.non_negative_float,
         default=60.0,
@@ -138,7 +151,12 @@ def _run(args: argparse.Namespace) -> int:
     )
     lease = None
     if acting:
-        lease = kube.Lease(api=api, namespace=args.lease_namespace or args.namespace)
+        lease = kube.Lease(
+            api=api,
+            namespace=args.lease_namespace or args.namespace,
+            identity=args.lease_identity,
+            duration_s=args.lease_duration,
+        )
         deadline = time.monotonic() + args.wait_lease
         while not lease.acquire():
             if time.monotonic() > deadline:

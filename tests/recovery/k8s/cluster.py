@@ -216,7 +216,7 @@ def jobset(
 class FakeJobSetController:
     """See the module docstring: restarts a JobSet the way the JobSet controller does."""
 
-    def __init__(self, cluster: Cluster, ns: str, *, tick_s: float = 0.02) -> None:
+    def __init__(self, cluster: Cluster, ns: str, *, tick_s: float = 0.05) -> None:
         self.cluster = cluster
         self.ns = ns
         api = cluster.client(FAKE_AGENT)
@@ -229,6 +229,8 @@ class FakeJobSetController:
         # When each generation's pods all existed (for the bench's time to recover).
         self.recreated_s: dict[int, float] = {}
         self.finish_generation: int | None = None
+        # Whether a TrainJob owns the JobSet (its suspend and runtimePatches then apply).
+        self.trainjob = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-jobset", daemon=True)
 
@@ -268,7 +270,9 @@ class FakeJobSetController:
         group, version, plural = JOBSET_API
         generation = int((js.get("status") or {}).get("restarts") or 0)
         suspended, avoid = bool(js["spec"].get("suspend")), set()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(client.exceptions.ApiException):
+            if not self.trainjob:
+                raise client.exceptions.ApiException(status=404)
             tj = self.custom.get_namespaced_custom_object(
                 *TRAINJOB_API[:2], self.ns, TRAINJOB_API[2], name
             )

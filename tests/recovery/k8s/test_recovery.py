@@ -342,6 +342,7 @@ def test_trainjob_is_suspended_patched_and_resumed() -> None:
              "metadata": {"name": "train", "namespace": NS}, "spec": {"suspend": False}},
         )  # fmt: skip
         fake.finish_generation = None
+        fake.trainjob = True
         ex = executor(cluster, trainjob="train")
         layout = ex.placement()
         ex.launch(layout, 0)
