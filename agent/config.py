@@ -53,7 +53,8 @@ class SdkConfig:
     world_size: int
     local_rank: int = 0
     node: str = "localhost"
-    pod: str = ""
+    # The Kubernetes pod the process runs in ($VIGIL_POD, else the downward API's $POD_NAME).
+    pod: str = dataclasses.field(default_factory=lambda: default_pod())
     collector: str | None = None
     token: str | None = None
     output_dir: Path | None = None
@@ -97,9 +98,12 @@ class SdkConfig:
             f"job {self.job!r} must not contain '/' (it names a folder)",
         )
         _require(
-            not self.run_id or rundir.safe_name(self.run_id) == self.run_id,
-            f"run_id {self.run_id!r} must be a plain folder name ([A-Za-z0-9._-], 1..64)",
+            not self.run_id or rundir.is_plain(self.run_id),
+            f"run_id {self.run_id!r} must be a plain folder name ([A-Za-z0-9._-])",
         )
+        if self.run_id and rundir.safe_name(self.run_id) != self.run_id:
+            # Longer than a folder name may be (a long pod name): shortened with a stable hash.
+            object.__setattr__(self, "run_id", rundir.safe_name(self.run_id))
         _require(self.world_size >= 1, f"world_size must be >= 1, got {self.world_size}")
         _require(
             0 <= self.rank < self.world_size,
@@ -188,6 +192,12 @@ class AgentConfig:
                 self.collector.startswith(("http://", "https://")),
                 f"collector {self.collector!r} must be an http:// or https:// URL",
             )
+
+
+def default_pod() -> str:
+    """The pod this process runs in, "" outside Kubernetes."""
+    # VIGIL_POD: set explicitly; POD_NAME: Kubernetes' downward API (metadata.name).
+    return (os.environ.get(EnvVar.POD) or os.environ.get("POD_NAME") or "").strip()
 
 
 def default_node() -> str:

@@ -50,8 +50,11 @@ class _Tracked:
     last: progress.PageSnapshot | None = None
     hung: bool = False
     exit_seen: bool = False
+    # The pod its run's manifest names (the SDK's $VIGIL_POD / $POD_NAME), "" when none.
+    pod: str = ""
 
 
+# The pid fallback for pages without a lock file (`rundir.page_alive`); tests replace it.
 _alive = rundir.pid_alive
 
 
@@ -186,7 +189,7 @@ class Agent:
                 del self._tracked[path]
                 continue
             tracked.last = snap
-            if not _alive(snap.pid):
+            if not rundir.page_alive(path, pid=snap.pid, pid_ns=snap.pid_ns, alive=_alive):
                 self._exited(path, tracked, snap)
                 continue
             suspect = self.watchdog.observe(snap, now)
@@ -203,7 +206,9 @@ class Agent:
     def _expire_runs(self) -> None:
         """Remove the run folders whose processes are gone (after page_ttl_s; spools replayed)."""
         try:
-            rundir.expire(self.cfg.progress_dir, ttl_s=self.cfg.page_ttl_s, now_s=self._wall())
+            rundir.expire(
+                self.cfg.progress_dir, ttl_s=self.cfg.page_ttl_s, now_s=self._wall(), alive=_alive
+            )
         except OSError as exc:
             log.warning("cannot expire progress folders under %s: %s", self.cfg.progress_dir, exc)
 
@@ -233,13 +238,17 @@ class Agent:
             self.watchdog.forget(snap.job, snap.rank)
             for leftover in (path, path.with_suffix(rundir.STACKS_SUFFIX)):
                 leftover.unlink(missing_ok=True)
+            lock = rundir.lock_path(path)
+            if rundir.lock_held(lock) is False:  # never a lock a new process of the rank holds
+                lock.unlink(missing_ok=True)
             log.info("removed the page of exited rank %d of %s", snap.rank, snap.job)
 
     def _discover(self) -> None:
         for path in progress.discover(self.cfg.progress_dir):
             if path not in self._tracked:
                 try:
-                    self._tracked[path] = _Tracked(progress.PageReader(path))
+                    pod = rundir.read_manifest(path.parent).get("pod") or ""
+                    self._tracked[path] = _Tracked(progress.PageReader(path), pod=pod)
                 except (OSError, ValueError) as exc:
                     log.debug("skipping %s: %s", path, exc)
 
@@ -259,11 +268,26 @@ class Agent:
             snap.last_op,
         )
         stacks_file = snap.path.with_suffix(rundir.STACKS_SUFFIX)
-        dump = self._capture(
-            snap.pid,
-            stacks_file=stacks_file if stacks_file.exists() else None,
-            timeout_s=self.cfg.stack_timeout_s,
-        )
+        # A pid from the training pod's PID namespace names another process here (or none):
+        # py-spy or SIGUSR1 go only to the process the page's pid really is.
+        pid = rundir.local_pid(snap.pid, snap.pid_ns)
+        if pid is None:
+            log.warning(
+                "rank %d of %s runs in another PID namespace (%s, pid %d there) that this agent "
+                "cannot see into: no stack dump (the SDK's own hang dump lands in %s)",
+                snap.rank,
+                snap.job,
+                snap.pid_ns,
+                snap.pid,
+                stacks_file,
+            )
+            dump = stacks.Stacks("none", "")
+        else:
+            dump = self._capture(
+                pid,
+                stacks_file=stacks_file if stacks_file.exists() else None,
+                timeout_s=self.cfg.stack_timeout_s,
+            )
         self._save_stacks(snap, dump)
         events = tracked.reader.events()
         self.queue.extend(events)
@@ -292,10 +316,15 @@ class Agent:
         if self.gpus is not None:
             try:
                 readings += self.gpus.sample()
-                pages = [t.last for t in self._tracked.values() if t.last is not None]
+                seen = [t for t in self._tracked.values() if t.last is not None]
+                pages = [t.last for t in seen if t.last is not None]
+                # The pod join matches a run with its pod: by the pod the SDK recorded, else by
+                # the folder's name (a pod's VIGIL_RUN_ID; a long one is shortened there).
                 ranks = [
-                    sampler.Owner(p.job, p.rank, run=p.path.parent.name, local_rank=p.local_rank)
-                    for p in pages
+                    sampler.Owner(
+                        p.job, p.rank, run=t.pod or p.path.parent.name, local_rank=p.local_rank
+                    )
+                    for t, p in zip(seen, pages, strict=True)
                 ]
                 pids = {p.pid: owner for p, owner in zip(pages, ranks, strict=True)}
                 self._owners = self.gpus.owners(pids, ranks)

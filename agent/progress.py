@@ -5,7 +5,7 @@ Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
 
 | offset | block   | written by | holds |
 |--------|---------|------------|-------|
-| 0      | meta    | SDK, once  | magic, version, ring capacity, pid, rank, world, job, node |
+| 0      | meta    | SDK, once  | magic, version, capacity, pid, rank, world, job, node, pid ns |
 | 256    | live    | SDK        | state, last step, last (group, seq, op), timestamps, ring head |
 | 384    | step    | SDK        | last step's time, MFU, comm wait, collective time, tokens, loss |
 | 512    | health  | SDK        | errors, dropped/queued records, ship errors, quarantined batches |
@@ -36,7 +36,8 @@ MAGIC = b"VGLPAGE1"
 PAGE_VERSION = 1
 PAGE_SUFFIX = ".page"
 
-_META = struct.Struct("<8sIIIIIII4x128s64s")
+# The PID namespace (`readlink /proc/self/ns/pid`) sits in what was padding: older pages read "".
+_META = struct.Struct("<8sIIIIIII4x128s64s24s")
 # state, last step, progress mono/wall, step start mono, last seq, last group, last op, ring head
 _LIVE = struct.Struct("<BxxxxxxxqdddQ32s24sQ")
 _STEP = struct.Struct("<qdddddqd")
@@ -157,6 +158,8 @@ class PageSnapshot:
     world_size: int
     local_rank: int
     pid: int
+    # The writer's PID namespace ("" when unknown): `pid` means nothing in another one.
+    pid_ns: str = ""
     capacity: int
     state: schema.RankState
     last_step: int
@@ -184,6 +187,7 @@ class PageWriter:
         world_size: int,
         local_rank: int,
         capacity: int,
+        pid_ns: str = "",
     ) -> None:
         self.path = Path(path)
         self.capacity = capacity
@@ -209,6 +213,7 @@ class PageWriter:
             local_rank,
             _enc(job, 128),
             _enc(node, 64),
+            _enc(pid_ns, 24),
         )
         self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0}
         self._live_seq = 0
@@ -410,7 +415,7 @@ class PageReader:
             self._map.close()
             raise ValueError(f"{self.path}: page version {meta[1]}, expected {PAGE_VERSION}")
         (_, _, self.capacity, _, self.pid, self.rank, self.world_size, self.local_rank) = meta[:8]
-        self.job, self.node = _text(meta[8]), _text(meta[9])
+        self.job, self.node, self.pid_ns = _text(meta[8]), _text(meta[9]), _text(meta[10])
 
     def _read(self, offset: int, packer: struct.Struct) -> tuple[Any, ...]:
         deadline = 0.0
@@ -450,6 +455,7 @@ class PageReader:
             world_size=self.world_size,
             local_rank=self.local_rank,
             pid=self.pid,
+            pid_ns=self.pid_ns,
             capacity=self.capacity,
             state=CODE_STATES.get(live[0], schema.RankState.COMPUTE),
             last_step=live[1],

@@ -112,6 +112,9 @@ class Session:
         )
         # This run's own folder: its ranks on this node share it, other runs never do.
         self.run_dir = rundir.run_path(cfg.progress_dir, cfg.job, self.run_id)
+        # Held for the process's life, from before its page is visible: the agent's liveness
+        # signal, valid across PID namespaces (`rundir.page_alive`).
+        self._lock_fd: int | None = None
         self.page = self._open_page()
         self.queue = sinks.RecordQueue(cfg.max_queued_records)
         self.recorder = collectives.CollectiveRecorder(
@@ -177,23 +180,29 @@ class Session:
         cfg = self.cfg
         for attempt in range(3):  # the agent may expire a dead earlier attempt's folder meanwhile
             rundir.make_dir(self.run_dir)
+            page = self.run_dir / f"{cfg.rank_tag}{progress.PAGE_SUFFIX}"
             try:
                 rundir.write_manifest(
                     self.run_dir,
                     job=cfg.job,
                     run=self.run_id,
                     output_dir=self._output_dir() if self._writes_jsonl() else None,
+                    pod=cfg.pod,
                 )
+                if self._lock_fd is None:
+                    self._lock_fd = rundir.hold_lock(rundir.lock_path(page))
                 return progress.PageWriter(
-                    self.run_dir / f"{cfg.rank_tag}{progress.PAGE_SUFFIX}",
+                    page,
                     job=cfg.job,
                     node=cfg.node,
                     rank=cfg.rank,
                     world_size=cfg.world_size,
                     local_rank=cfg.local_rank,
                     capacity=cfg.ring_capacity,
+                    pid_ns=rundir.pid_namespace(),
                 )
-            except FileNotFoundError:
+            except FileNotFoundError:  # the folder went, and our lock file with it
+                self._drop_lock()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -497,6 +506,7 @@ class Session:
         own = [self.page.path, self.page.path.with_suffix(rundir.STACKS_SUFFIX)]
         if self.cfg.spool_dir is None:  # a spool the user placed elsewhere is theirs
             own += spool.siblings(self._own_spool())
+        own.append(rundir.lock_path(self.page.path))  # last: held until the page is gone
         me = os.getpid()
         try:
             rundir.release(
@@ -504,3 +514,10 @@ class Session:
             )
         except OSError as exc:
             log.warning("cannot clean up the progress folder %s: %s", self.run_dir, exc)
+        finally:
+            self._drop_lock()
+
+    def _drop_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            rundir.drop_lock(fd)

@@ -29,18 +29,20 @@ def live_pages(progress_dir: Path, job_id: str, run_id: str | None = None) -> li
     else:
         folder = rundir.run_path(progress_dir, job_id, run_id)
         pages = sorted(folder.glob(f"*{progress.PAGE_SUFFIX}")) if folder.is_dir() else []
-    return [p for p in pages if rundir.pid_alive(_pid(p))]
+    return [p for p in pages if _alive(p)]
 
 
-def _pid(page: Path) -> int:
+def _alive(page: Path) -> bool:
+    """The page's process still runs (its lock; old pages: its pid, `rundir.page_alive`)."""
     try:
         reader = progress.PageReader(page)
     except (OSError, ValueError):
-        return -1
+        return False
     try:
-        return int(reader.pid)
+        pid, pid_ns = int(reader.pid), reader.pid_ns
     finally:
         reader.close()
+    return rundir.page_alive(page, pid=pid, pid_ns=pid_ns)
 
 
 @dataclass(kw_only=True)

@@ -37,6 +37,9 @@ class EnvVar(enum.StrEnum):
     # Names this run's progress folder (<root>/<job>/<run>/) when the launcher sets it, so two runs
     # of one job on a node never share pages; else torchrun's run id or MASTER_ADDR:PORT decides.
     RUN_ID = "VIGIL_RUN_ID"
+    # The Kubernetes pod a training process runs in, reported with its rank (RankInfo.pod) and
+    # recorded in its run's manifest; else the downward API's POD_NAME; unset outside Kubernetes.
+    POD = "VIGIL_POD"
     # Where per-step in-memory snapshots live (node shared memory; default /dev/shm).
     SNAPSHOT_DIR = "VIGIL_SNAPSHOT_DIR"
     # Set by `vigil run` for each rank's `sh` wrapper: the file it leaves "<exit code> <time>" in,
