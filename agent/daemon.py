@@ -1,10 +1,12 @@
 """The node agent: one per host, beside the training processes.
 
 Each poll it reads every local rank's progress page (`<progress_dir>/<job>/<run>/`), feeds the
-watchdog, and on a suspected hang collects the rank's stacks (py-spy, faulthandler fallback) and
-collective ring buffer and ships them as evidence (a `hang` Finding whose evidence note holds the
-stacks, the ring's CollectiveEvents and a Heartbeat); the stacks are also saved with the run they
-came from (`stacks_dir`). It removes run folders whose processes are gone after `page_ttl_s`
+watchdog (a rank's process is gone once the lock it holds on its rank's file is free:
+`rundir.page_alive`, valid across PID namespaces), and on a suspected hang collects the rank's
+stacks (py-spy, faulthandler fallback; only for a pid it can see) and collective ring buffer and
+ships them as evidence (a `hang` Finding whose evidence note holds the stacks, the ring's
+CollectiveEvents and a Heartbeat); the stacks are also saved with the run they came from
+(`stacks_dir`). It removes run folders whose processes are gone after `page_ttl_s`
 (`rundir.expire`). Each sample interval it samples NVML (or the host) and queues
 `Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
 through the same queue/flusher/shipper as the SDK (spooling while the collector is away); on the

@@ -328,3 +328,18 @@ def test_a_hung_rank_of_another_namespace_gets_no_signal_or_py_spy(tmp_path: Pat
         agent.flusher.stop()
         writer.close()
         rundir.drop_lock(fd)
+
+
+def test_a_rank_starting_up_keeps_its_folder(tmp_path: Path) -> None:
+    """Between taking its lock and publishing its page a rank has only its lock file: the last
+    rank out of the run and the agent's expiry leave the folder to it."""
+    folder = tmp_path / "j" / "run"
+    folder.mkdir(parents=True)
+    fd = rundir.hold_lock(folder / "rank-00001.lock")
+    assert fd is not None
+    try:
+        assert not rundir.release(folder, own=[])
+        assert rundir.expire(tmp_path, ttl_s=0, now_s=time.time() + 1e6) == []
+    finally:
+        rundir.drop_lock(fd)
+    assert rundir.expire(tmp_path, ttl_s=0, now_s=time.time() + 1e6) == [folder]

@@ -211,9 +211,12 @@ def test_recent_activity_holds_off_expiry(tmp_path: Path) -> None:
 
 
 # -- where the agent keeps stacks -----------------------------------------------------------
-def test_a_hung_ranks_stacks_go_to_its_own_run(tmp_path: Path) -> None:
+def test_a_hung_ranks_stacks_go_to_its_own_run(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two runs of one job: the hang is in run "b", so run "b"'s output gets the dump (not the
     agent's working directory, not run "a"'s)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("agent-cwd"))  # its own JSON lines go there
     root = tmp_path / "pages"
     mono = [100.0]
     writers = {}
