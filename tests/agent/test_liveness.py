@@ -343,3 +343,60 @@ def test_a_rank_starting_up_keeps_its_folder(tmp_path: Path) -> None:
     finally:
         rundir.drop_lock(fd)
     assert rundir.expire(tmp_path, ttl_s=0, now_s=time.time() + 1e6) == [folder]
+
+
+def _unshare_pid() -> list[str] | None:
+    """The `unshare` command line that starts a process in a new PID namespace here, or None."""
+    # --kill-child: the process dies with `unshare` (a failed test leaves nothing running).
+    for cmd in (
+        ["unshare", "--pid", "--fork", "--kill-child"],
+        ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"],
+    ):
+        try:
+            done = subprocess.run([*cmd, "true"], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode == 0:
+            return cmd
+    return None
+
+
+def test_a_rank_in_another_pid_namespace_is_judged_by_its_lock(tmp_path: Path) -> None:
+    """A real SDK process in a PID namespace of its own (as a training pod's is): its pid there
+    (1) is init's here, yet the agent sees it alive while it runs and gone once it is killed."""
+    unshare = _unshare_pid()
+    if unshare is None:
+        pytest.skip("cannot create a PID namespace here (unshare not permitted)")
+    pages, out = tmp_path / "pages", tmp_path / "out"
+    env = {**os.environ, EnvVar.RUN_ID: "pod-0", EnvVar.POD: "pod-0"}
+    proc = subprocess.Popen(
+        [*unshare, sys.executable, "-c", _SDK_PROCESS, str(pages), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    cfg = config.AgentConfig(node="n", progress_dir=pages, output_dir=tmp_path, page_ttl_s=1e9)
+    agent = daemon.Agent(cfg, gpus=None)
+    try:
+        assert _readline(proc, 120).strip() == "ready", "the SDK process did not start"
+        page = pages / "live" / "pod-0" / "rank-00000.page"
+        reader = progress.PageReader(page)
+        pid, pid_ns = reader.pid, reader.pid_ns
+        reader.close()
+        assert pid == 1 and pid_ns and pid_ns != rundir.pid_namespace()
+        assert rundir.pid_alive(pid)  # pid 1 here is another process altogether
+        assert _crashes(agent) == []
+        assert checkpoint_request.live_pages(pages, "live") == [page]
+        host_pid = rundir.local_pid(pid, pid_ns)  # seen from this (the parent) namespace
+        assert host_pid is not None and host_pid not in (1, proc.pid)
+        os.kill(host_pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        (crash,) = _crashes(agent)
+        assert crash.subjects.ranks == [0]
+        assert checkpoint_request.live_pages(pages, "live") == []
+        assert rundir.expire(pages, ttl_s=0, now_s=time.time() + 1e6) == [page.parent]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        agent.flusher.stop()
