@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from vigil import schema
-from vigil.agent import config, daemon, progress, rundir, stacks
+from vigil.agent import config, daemon, progress, rundir, sampler, stacks
 from vigil.env import EnvVar
 from vigil.recovery import checkpoint_request
 
@@ -400,3 +400,51 @@ def test_a_rank_in_another_pid_namespace_is_judged_by_its_lock(tmp_path: Path) -
             proc.kill()
             proc.wait(timeout=30)
         agent.flusher.stop()
+
+
+class _Gpus:
+    """Stands in for NVML: no readings; records the ranks the agent offers the pod join."""
+
+    def __init__(self) -> None:
+        self.ranks: list[sampler.Owner] = []
+
+    def sample(self) -> list[sampler.Reading]:
+        return []
+
+    def owners(
+        self, pids: dict[int, sampler.Owner], ranks: list[sampler.Owner]
+    ) -> dict[str, sampler.Owner]:
+        self.ranks = list(ranks)
+        return {}
+
+    def close(self) -> None: ...
+
+
+def test_the_gpu_pod_join_matches_the_recorded_pod_when_the_folder_name_was_shortened(
+    tmp_path: Path,
+) -> None:
+    """A pod whose name is too long for a folder still gets its GPUs: the join matches the pod
+    the SDK recorded in the run's manifest, not the shortened folder name."""
+    root = tmp_path / "pages"
+    writers = []
+    for run, pod in ((rundir.safe_name(LONG_POD), LONG_POD), ("plain-run", "")):
+        folder = rundir.run_path(root, "j", run)
+        folder.mkdir(parents=True)
+        rundir.write_manifest(folder, job="j", run=run, output_dir=None, pod=pod)
+        writer = progress.PageWriter(
+            folder / "rank-00000.page", job="j", node="n", rank=0, world_size=1, local_rank=0,
+            capacity=16, pid_ns=rundir.pid_namespace(),
+        )  # fmt: skip
+        writer.progress(schema.RankState.COMPUTE, now_mono=1.0, now_wall=time.time(), step=0)
+        writers.append(writer)
+    gpus = _Gpus()
+    cfg = config.AgentConfig(node="n", progress_dir=root, output_dir=tmp_path)
+    agent = daemon.Agent(cfg, gpus=gpus)  # type: ignore[arg-type]
+    try:
+        agent.poll()
+        agent.sample()
+        assert sorted(owner.run for owner in gpus.ranks) == sorted([LONG_POD, "plain-run"])
+    finally:
+        agent.flusher.stop()
+        for writer in writers:
+            writer.close()
