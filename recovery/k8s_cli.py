@@ -93,6 +93,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="namespace of the one-active-controller Lease (default: the job's)",
     )
     parser.add_argument(
+        "--lease-name",
+        default=None,
+        help="the Lease name (default vigil-controller-<job>: one active controller per job)",
+    )
+    parser.add_argument(
         "--lease-identity",
         default=socket.gethostname(),
         help="who holds the Lease (default: the host name, i.e. the pod's name, so a restarted "
@@ -154,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         lease = kube.Lease(
             api=api,
             namespace=args.lease_namespace or args.namespace,
+            name=args.lease_name or f"vigil-controller-{name}",
             identity=args.lease_identity,
             duration_s=args.lease_duration,
         )

@@ -192,7 +192,8 @@ class KubernetesExecutor:
     lease: Lease | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
-    poll_s: float = 0.05
+    # How often a wait (a restart, pods scheduled, a diagnostics Job) reads the job again.
+    poll_s: float = 0.5
     _seen_exits: set[tuple[str, int]] = field(default_factory=set, init=False)
     _problems: list[str] = field(default_factory=list, init=False)
     _suspended_pods: set[str] = field(default_factory=set, init=False)

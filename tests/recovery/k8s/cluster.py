@@ -71,6 +71,8 @@ class _Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 class Cluster:
     def __init__(self) -> None:
         self.diag_logs: dict[str, str] = {}
+        # When each eviction reached the API server (time.time()).
+        self.evicted_s: list[float] = []
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="kmock", daemon=True)
@@ -96,6 +98,7 @@ class Cluster:
             await self._stop.wait()
 
     def _evict(self, request: Any) -> dict[str, Any]:
+        self.evicted_s.append(time.time())
         obj = self.k.objects[PODS, request.namespace, request.name]
         obj.patch(
             {

@@ -19,6 +19,7 @@ from vigil import codec
 from vigil.recovery import controller, k8s_journal, k8s_plan
 from vigil.recovery import kubernetes as kube
 from vigil.schema import (
+    ActionKind,
     ActionState,
     DiagResult,
     Evidence,
@@ -99,9 +100,8 @@ def executor(
         mode=mode,
         allowed_namespaces=frozenset({NS}),
         store=store if store is not None else kube.JobSetAnnotations(api, NS, "train"),
-        poll_s=0.02,
         restart_timeout_s=20.0,
-        **kw,
+        **{"poll_s": 0.02, **kw},
     )
 
 
@@ -387,3 +387,44 @@ def test_a_second_controller_waits_for_the_lease() -> None:
             first.renew()
     finally:
         cluster.close()
+
+
+def test_node_lost_the_jobset_restarts_itself_and_the_controller_follows_without_evicting() -> None:
+    with running(NS, nodes=5, replicas=4) as (cluster, fake):
+        fake.finish_generation = 1
+        ex = executor(cluster)
+        layout = ex.placement()
+        book = k8s_journal.AnnotationJournal(ex.store)
+        ctl = controller.Controller(
+            config=controller.ControllerConfig(
+                job_id="train", run_id="r", poll_interval_s=0.05, min_dp_size=4
+            ),
+            executor=ex,
+            journal=book,
+            placement=layout,
+        )
+        ctl._start_or_resume()
+        # The node lifecycle controller: node-2 unreachable (tainted), its pod failed with the
+        # DisruptionTarget condition.
+        other = client.CoreV1Api(cluster.client("node-lifecycle"))
+        unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+        other.patch_node("node-2", {"spec": {"taints": [unreachable]}})
+        pod = next(p for p in other.list_namespaced_pod(NS).items if p.spec.node_name == "node-2")
+        other.patch_namespaced_pod(
+            pod.metadata.name,
+            NS,
+            {
+                "status": {
+                    "phase": "Failed",
+                    "conditions": [{"type": "DisruptionTarget", "status": "True"}],
+                }
+            },
+        )
+        while not ctl.state.finished:
+            ctl._step()
+            time.sleep(0.05)
+        assert ctl.state.exit_code == 0
+        (restart,) = [a for a in book.actions() if a.kind is ActionKind.RESTART]
+        assert restart.state is ActionState.SUCCEEDED and restart.attempt == 1
+        assert not [w for w in writes(cluster.calls()) if w.startswith(("evict", "quarantine"))]
+        assert "node-2" not in {n for g, _, n in fake.placed if g == 1}
