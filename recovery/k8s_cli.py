@@ -146,16 +146,24 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a bad kubeconfig raises the client's own ConfigException
         sys.stderr.write(f"vigil controller: cannot reach the cluster: {exc}\n")
         return 2
-    acting = args.mode == "act" and args.namespace in set(args.allow_namespace)
     kind = kube.TRAINJOB if args.trainjob else kube.JOBSET
-    # Observe mode changes nothing, its journal included.
-    store: k8s_journal.AnnotationStore = (
-        kube.JobSetAnnotations(api, args.namespace, name, kind)
-        if acting
-        else k8s_journal.MemoryStore()
+    # Observe mode changes nothing, its journal included: it stays in memory until the executor
+    # (mode, allow-list, the job's preconditions) says this controller acts.
+    store: k8s_journal.AnnotationStore = k8s_journal.MemoryStore()
+    executor = kube.KubernetesExecutor(
+        api=api,
+        namespace=args.namespace,
+        jobset=name,
+        trainjob=args.trainjob or "",
+        mode=args.mode,
+        allowed_namespaces=frozenset(args.allow_namespace),
+        breaker=breaker,
+        store=store,
+        ranks_per_pod=args.ranks_per_pod,
     )
-    lease = None
+    acting = executor.acting
     if acting:
+        store = executor.store = kube.JobSetAnnotations(api, args.namespace, name, kind)
         lease = kube.Lease(
             api=api,
             namespace=args.lease_namespace or args.namespace,
@@ -172,18 +180,7 @@ def _run(args: argparse.Namespace) -> int:
                 )
                 return LEASE_HELD_EXIT
             time.sleep(1.0)
-    executor = kube.KubernetesExecutor(
-        api=api,
-        namespace=args.namespace,
-        jobset=name,
-        trainjob=args.trainjob or "",
-        mode=args.mode,
-        allowed_namespaces=frozenset(args.allow_namespace),
-        breaker=breaker,
-        store=store,
-        ranks_per_pod=args.ranks_per_pod,
-        lease=lease,
-    )
+        executor.lease = lease
     job_id = args.job or name
     common = settings.CommonSettings()
     url = args.collector or common.collector_url or None
@@ -209,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     sys.stderr.write(
         f"vigil controller: {args.namespace}/{name} in {args.mode} mode"
-        + ("" if acting or args.mode == "observe" else " (namespace not allowed: observing)")
+        + ("" if acting or args.mode == "observe" else " (not acting here: observing)")
         + f"; {len(layout.active)} pods on {','.join(layout.active)}; "
         f"{len(layout.spares)} spare node(s)\n"
     )

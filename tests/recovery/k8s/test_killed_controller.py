@@ -3,11 +3,16 @@ one quarantine, one eviction, one JobSet restart, no pod back on the bad node.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from tests.recovery.k8s.killed import STAGES, killed_run
+from tests.recovery.k8s.cluster import running
+from tests.recovery.k8s.killed import STAGES, StubCollector, controller_command, killed_run
+from vigil.env import EnvVar
 
 
 @pytest.mark.e2e
@@ -18,3 +23,31 @@ def test_killed_controller_acts_exactly_once(stage: str, tmp_path: Path) -> None
     assert outcome.second_exit == 0
     assert (outcome.restarts, outcome.evictions, outcome.quarantines) == (1, 1, 1)
     assert outcome.pods_on_bad_node == 0
+
+
+@pytest.mark.e2e
+def test_cli_reports_a_jobset_without_the_preconditions_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """`act` mode in an allowed namespace, a straggler served: the JobSet lacks the
+    preconditions, so the command says what is missing and writes nothing at all."""
+    with running("training", nodes=5, replicas=4, safe=False) as (cluster, fake):
+        stub = StubCollector("node-1")
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(cluster.kubeconfig())
+        threading.Timer(4.0, lambda: setattr(fake, "finish_generation", 0)).start()
+        env = {**os.environ, EnvVar.DATA_DIR.value: str(tmp_path / "data")}
+        try:
+            done = subprocess.run(
+                controller_command(kubeconfig, stub.url, "training"),
+                env=env, capture_output=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            stub.close()
+        err = done.stderr.decode()
+        assert done.returncode == 0, err[-2000:]
+        assert "podFailurePolicy has no FailJob rule on the DisruptionTarget" in err
+        assert "RestartJobSetAndIgnoreMaxRestarts" in err
+        assert stub.first_served_s is not None  # it did look at the finding
+        writes = [c for c in cluster.calls() if c.write and c.agent != "fake-jobset-controller"]
+        assert writes == []
