@@ -124,6 +124,15 @@ def pods_per_job(jobset: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+def total_pods(jobset: Mapping[str, Any]) -> int:
+    """Pods the JobSet runs when every Job is up (replicas x pods per Job, summed)."""
+    per_job = pods_per_job(jobset)
+    return sum(
+        per_job[str(rj.get("name"))] * int(rj.get("replicas") or 1)
+        for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
+    )
+
+
 def pod_slots(jobset: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[PodSlot]:
     """The JobSet's pods in rank order. Filters by the JobSet's name label itself (a list by
     label selector may return more than asked: a server or proxy that ignores selectors)."""

@@ -213,6 +213,10 @@ class KubernetesExecutor:
     _suspended_pods: set[str] = field(default_factory=set, init=False)
     # Nodes this executor saw quarantined (by itself or a predecessor): saves a node listing.
     _fenced: set[str] = field(default_factory=set, init=False)
+    # The JobSet generation the controller's current attempt runs as (None: not known yet), and
+    # the newest generation poll() reported the JobSet restarting to by itself.
+    _generation: int | None = field(default=None, init=False)
+    _reported_generation: int = field(default=-1, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -282,12 +286,7 @@ class KubernetesExecutor:
             js = self.read_jobset()
             generation = k8s_plan.generation_of(js)
             slots = [s for s in self.slots(js) if s.generation == generation and not s.deleting]
-            want = sum(
-                n * int(rj.get("replicas") or 1)
-                for rj, n in zip(
-                    js["spec"]["replicatedJobs"], k8s_plan.pods_per_job(js).values(), strict=True
-                )
-            )
+            want = k8s_plan.total_pods(js)
             if len(slots) >= want and all(s.node for s in slots):
                 break
             if self.clock() > deadline:
@@ -320,12 +319,14 @@ class KubernetesExecutor:
         triggered (the JobSet controller recreates the pods) and records its generation."""
         generations = self._generations()
         if attempt in generations:
+            self._generation = generations[attempt]
             return  # recorded by this controller or its predecessor: already running
         generation = k8s_plan.generation_of(self.read_jobset())
         if attempt > 0:
             before = generations.get(attempt - 1, generation - 1 if generations else 0)
             generation = self._await_generation(before + 1)
         generations[attempt] = generation
+        self._generation = generation
         self.store.write({k8s_plan.ATTEMPT_GENERATION: k8s_plan.format_generation_map(generations)})
         if attempt > 0:
             self.placement()  # returns once every pod of the new generation is scheduled
@@ -354,6 +355,7 @@ class KubernetesExecutor:
         """The JobSet controller, not vigil, starts pods, so an attempt is never half-launched by
         vigil: a JobSet that is there and not finished runs the whole attempt."""
         js = self.read_jobset()
+        self._generation = self._generations().get(attempt)
         terminal = (js.get("status") or {}).get("terminalState")
         return 0 if terminal else placement.world_size
 
@@ -419,9 +421,23 @@ class KubernetesExecutor:
     def poll(self) -> list[RankExit]:
         if self.lease is not None:
             self.lease.renew()  # LeaseLostError ends this controller: another one acts now
-        _, slots = self._current()
+        generation, slots = self._current()
         exits: list[RankExit] = []
         now = self.clock()
+        if (
+            self._generation is not None
+            and generation > self._generation
+            and generation > self._reported_generation
+        ):
+            # The JobSet restarted by itself (a pod failed, a node was lost) before a poll saw
+            # the failed pod: every rank of the attempt ended; the controller restarts after it.
+            self._reported_generation = generation
+            pods = k8s_plan.total_pods(self.read_jobset())
+            log.warning("%s restarted by itself (generation %d)", self.jobset, generation)
+            return [
+                RankExit(rank=r, node="", returncode=-9, seen_s=now)
+                for r in range(pods * self.ranks_per_pod)
+            ]
         for slot in slots:
             if slot.phase not in ("Failed", "Succeeded"):
                 continue

@@ -428,3 +428,38 @@ def test_node_lost_the_jobset_restarts_itself_and_the_controller_follows_without
         assert restart.state is ActionState.SUCCEEDED and restart.attempt == 1
         assert not [w for w in writes(cluster.calls()) if w.startswith(("evict", "quarantine"))]
         assert "node-2" not in {n for g, _, n in fake.placed if g == 1}
+
+
+def test_a_restart_the_jobset_made_by_itself_before_a_poll_is_followed_not_repeated() -> None:
+    with running(NS, nodes=5, replicas=4) as (cluster, fake):
+        ex = executor(cluster)
+        book = k8s_journal.AnnotationJournal(ex.store)
+        ctl = controller.Controller(
+            config=controller.ControllerConfig(
+                job_id="train", run_id="r", poll_interval_s=0.05, min_dp_size=4
+            ),
+            executor=ex,
+            journal=book,
+            placement=ex.placement(),
+        )
+        ctl._start_or_resume()
+        other = client.CoreV1Api(cluster.client("kubelet"))
+        pod = other.list_namespaced_pod(NS).items[0]
+        other.patch_namespaced_pod(pod.metadata.name, NS, {"status": {"phase": "Failed"}})
+        custom = client.CustomObjectsApi(cluster.client())
+        while (
+            custom.get_namespaced_custom_object(*JOBSET_API[:2], NS, JOBSET_API[2], "train")[
+                "status"
+            ]["restarts"]
+            < 1
+        ):
+            time.sleep(0.02)  # the JobSet restarts before the controller looks
+        fake.finish_generation = 1
+        while not ctl.state.finished:
+            ctl._step()
+            time.sleep(0.05)
+        (restart,) = [a for a in book.actions() if a.kind is ActionKind.RESTART]
+        assert restart.state is ActionState.SUCCEEDED and restart.attempt == 1
+        js = custom.get_namespaced_custom_object(*JOBSET_API[:2], NS, JOBSET_API[2], "train")
+        assert js["status"]["restarts"] == 1
+        assert not [w for w in writes(cluster.calls()) if w.startswith("evict")]
