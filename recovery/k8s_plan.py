@@ -1,7 +1,8 @@
 """Kubernetes recovery, the pure part: JobSet preconditions, rank -> pod -> node, the breaker.
 
-Everything here reads plain dicts (the API server's JSON, as the official client's
-`sanitize_for_serialization` or a custom-object call returns them) and returns plain values; no
+Everything here reads plain dicts (the API server's JSON) and returns plain values (also the
+diagnostics Job and a TrainJob's runtime patch that vigil writes, and the diagnostics' parsed
+log); no
 API calls, no clock, no `kubernetes` import (import-linter: only `vigil.recovery.kubernetes`
 talks to a cluster). The label keys are the JobSet controller's (sigs.k8s.io/jobset
 `api/jobset/v1alpha2/jobset_types.go`, `pkg/constants`) and the Job controller's.
@@ -9,10 +10,15 @@ talks to a cluster). The label keys are the JobSet controller's (sigs.k8s.io/job
 
 from __future__ import annotations
 
+import datetime
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from vigil import codec
+from vigil.schema import DiagResult
 
 # The JobSet controller's labels on its Jobs and pods.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -298,3 +304,81 @@ def parse_generation_map(text: str) -> dict[int, int]:
 
 def format_generation_map(mapping: Mapping[int, int]) -> str:
     return ",".join(f"{a}:{g}" for a, g in sorted(mapping.items()))
+
+
+def trainjob_patch(bad_nodes: list[str]) -> dict[str, Any]:
+    """vigil's entry in a TrainJob's manager-keyed `runtimePatches`: keep every pod off the
+    quarantined nodes (required node affinity NotIn)."""
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "NotIn",
+                                "values": bad_nodes,
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    return {
+        "manager": RUNTIME_PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {"spec": {"podTemplateOverrides": [{"affinity": affinity}]}}
+        },
+    }
+
+
+def diag_job(name: str, ns: str, node: str, image: str, command: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"app.kubernetes.io/name": "vigil-diag"},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": {"job-name": name}},
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "diag", "image": image, "command": command}],
+                },
+            },
+        },
+    }
+
+
+def diag_results(text: str) -> Iterator[DiagResult]:
+    for line in text.splitlines():
+        if not line.strip().startswith("{"):
+            continue
+        try:
+            record = codec.decode_json(line.encode())
+        except Exception:  # a log line that is not a record
+            continue
+        if isinstance(record, DiagResult):
+            yield record
+
+
+def micro_time(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def parse_time(value: Any) -> float:
+    if not value:
+        return 0.0
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    text = str(value).replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(text).timestamp()

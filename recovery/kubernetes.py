@@ -31,7 +31,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -39,7 +39,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from vigil import codec
 from vigil.delivery import backoff_delays
 from vigil.recovery import k8s_plan
 from vigil.recovery.executor import RankExit
@@ -412,7 +411,7 @@ class KubernetesExecutor:
             for p in (tj.get("spec") or {}).get("runtimePatches") or []
             if p.get("manager") != k8s_plan.RUNTIME_PATCH_MANAGER
         ]
-        patches.append(trainjob_patch(bad))
+        patches.append(k8s_plan.trainjob_patch(bad))
         self.api.patch_custom(
             TRAINJOB, self.namespace, self.trainjob, {"spec": {"runtimePatches": patches}}
         )
@@ -504,7 +503,9 @@ class KubernetesExecutor:
         template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         image = self.diag_image or template["containers"][0]["image"]
         name = f"vigil-diag-{uuid.uuid4().hex[:8]}"
-        job = diag_job(name, self.namespace, node, image, [*self.diag_command, "--node", node])
+        job = k8s_plan.diag_job(
+            name, self.namespace, node, image, [*self.diag_command, "--node", node]
+        )
         self.api.call(lambda: self.api.batch.create_namespaced_job(self.namespace, cast(Any, job)))
         deadline = self.clock() + timeout_s
         while True:
@@ -537,7 +538,7 @@ class KubernetesExecutor:
                 pods[0], self.namespace, _preload_content=False
             )
         )
-        results = list(_diag_results(bytes(raw.data).decode(errors="replace")))
+        results = list(k8s_plan.diag_results(bytes(raw.data).decode(errors="replace")))
         if not results:
             raise RuntimeError(f"diagnostics on {node} printed no results")
         return results
@@ -591,71 +592,6 @@ class KubernetesExecutor:
         log.warning("quarantined node %s for %s/%s", node, self.namespace, self.jobset)
 
 
-def trainjob_patch(bad_nodes: list[str]) -> dict[str, Any]:
-    """vigil's entry in a TrainJob's manager-keyed `runtimePatches`: keep every pod off the
-    quarantined nodes (required node affinity NotIn)."""
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {
-                                "key": "kubernetes.io/hostname",
-                                "operator": "NotIn",
-                                "values": bad_nodes,
-                            }
-                        ]
-                    }
-                ]
-            }
-        }
-    }
-    return {
-        "manager": k8s_plan.RUNTIME_PATCH_MANAGER,
-        "trainingRuntimeSpec": {
-            "template": {"spec": {"podTemplateOverrides": [{"affinity": affinity}]}}
-        },
-    }
-
-
-def diag_job(name: str, ns: str, node: str, image: str, command: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {"app.kubernetes.io/name": "vigil-diag"},
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "ttlSecondsAfterFinished": 3600,
-            "template": {
-                "metadata": {"labels": {"job-name": name}},
-                "spec": {
-                    "nodeName": node,
-                    "restartPolicy": "Never",
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [{"name": "diag", "image": image, "command": command}],
-                },
-            },
-        },
-    }
-
-
-def _diag_results(text: str) -> Iterator[DiagResult]:
-    for line in text.splitlines():
-        if not line.strip().startswith("{"):
-            continue
-        try:
-            record = codec.decode_json(line.encode())
-        except Exception:  # a log line that is not a record
-            continue
-        if isinstance(record, DiagResult):
-            yield record
-
-
 @dataclass(kw_only=True)
 class Lease:
     """One active controller: a coordination.k8s.io Lease taken, renewed and checked."""
@@ -669,7 +605,7 @@ class Lease:
     _renewed_s: float = field(default=0.0, init=False)
 
     def _body(self, resource_version: str | None) -> dict[str, Any]:
-        now = _micro_time(self.clock())
+        now = k8s_plan.micro_time(self.clock())
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -701,7 +637,7 @@ class Lease:
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime"))
+        renewed = k8s_plan.parse_time(spec.get("renewTime"))
         expired = (
             renewed + float(spec.get("leaseDurationSeconds") or self.duration_s) < self.clock()
         )
@@ -722,18 +658,3 @@ class Lease:
             raise LeaseLostError(
                 f"Lease {self.namespace}/{self.name} is held by another controller"
             )
-
-
-def _micro_time(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
-
-
-def _parse_time(value: Any) -> float:
-    if not value:
-        return 0.0
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    import datetime
-
-    text = str(value).replace("Z", "+00:00")
-    return datetime.datetime.fromisoformat(text).timestamp()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,15 @@ def test_cli_reports_a_jobset_without_the_preconditions_and_touches_nothing(
         stub = StubCollector("node-1")
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(cluster.kubeconfig())
-        threading.Timer(4.0, lambda: setattr(fake, "finish_generation", 0)).start()
+
+        def finish_once_the_finding_was_read() -> None:
+            deadline = time.time() + 60
+            while stub.first_served_s is None and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # a few polls of the controller's loop after it
+            fake.finish_generation = 0
+
+        threading.Thread(target=finish_once_the_finding_was_read, daemon=True).start()
         env = {**os.environ, EnvVar.DATA_DIR.value: str(tmp_path / "data")}
         try:
             done = subprocess.run(
