@@ -256,6 +256,14 @@ def test_the_controller_commands_are_what_vigil_controller_accepts() -> None:
         args = parser.parse_args(container["args"][1:])
         parsed[args.jobset or args.trainjob] = args
         assert "VIGIL_TOKEN" in env_of(container)
+    # Each controller's own Lease (one per job, so jobs sharing a namespace never block each
+    # other) is one its Role lets it take over, and only its own.
+    rbac = _rbac("controller-act")
+    for target, args in parsed.items():
+        assert args.lease_name == f"vigil-controller-{target}"
+        lease = {"group": "coordination.k8s.io", "resource": "leases", "namespace": args.namespace}
+        assert _granted(rbac, {**lease, "verb": "patch", "name": args.lease_name})
+        assert not _granted(rbac, {**lease, "verb": "patch", "name": "vigil-controller"})
     llama, bert = parsed["llama-pretrain"], parsed["bert-finetune"]
     assert (llama.namespace, llama.ranks_per_pod, llama.mode) == ("training", 8, "act")
     assert llama.allow_namespace == ["training"] and bert.allow_namespace == ["training"]
