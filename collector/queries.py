@@ -217,3 +217,10 @@ def diag_results(conn: Connection, *, node: str | None, limit: int) -> list[dict
     for row in rows:
         row.pop("id")
     return rows
+
+
+def last_step(conn: Connection, job_id: str) -> int | None:
+    """The highest step the job reported (from the heat-map rows: one per step, not per rank)."""
+    t = tables.step_matrix
+    last = conn.execute(select(func.max(t.c.step)).where(t.c.job_id == job_id)).scalar_one()
+    return None if last is None else int(last)

@@ -8,14 +8,14 @@ FastAPI runs them in its thread pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import func, select
 
 from vigil import api
-from vigil.collector import auth, heatmap, kineto, queries, samples, tables, trace_export
+from vigil.collector import auth, heatmap, kineto, queries, samples, trace_export
 from vigil.collector import models as m
 from vigil.collector.context import CollectorContext, json_response
 
@@ -35,19 +35,23 @@ def reject_nul(request: Request) -> None:
         raise HTTPException(422, detail="parameters must not contain NUL characters")
 
 
-def _last_step(ctx: CollectorContext, job_id: str) -> int | None:
-    t = tables.step_matrix
-    with ctx.store.read() as conn:
-        last = conn.execute(select(func.max(t.c.step)).where(t.c.job_id == job_id)).scalar_one()
-    return None if last is None else int(last)
-
-
 def _window(
     ctx: CollectorContext, job_id: str, start: int | None, end: int | None, width: int
 ) -> tuple[int, int]:
-    """An explicit step range, or the last `width` steps the job reported."""
+    def last() -> int | None:
+        with ctx.store.read() as conn:
+            return queries.last_step(conn, job_id)
+
+    return step_window(start, end, width, last)
+
+
+def step_window(
+    start: int | None, end: int | None, width: int, last_step: Callable[[], int | None]
+) -> tuple[int, int]:
+    """An explicit step range, or the last `width` steps the job reported (`last_step`, read
+    only when no end is given); 422 for a range that ends before it starts."""
     if end is None:
-        end = _last_step(ctx, job_id) or 0
+        end = last_step() or 0
         if start is not None:
             end = max(end, start)
     if start is None:

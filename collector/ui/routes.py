@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vigil.collector import auth, queries, trace_export
 from vigil.collector.context import CollectorContext, json_response
-from vigil.collector.routes_query import INT64, reject_nul
+from vigil.collector.routes_query import INT64, reject_nul, step_window
 from vigil.collector.ui import cells, summaries
 
 HERE = Path(__file__).parent
@@ -96,15 +96,7 @@ def _pages() -> APIRouter:
 def _window(
     conn: Any, job_id: str, start: int | None, end: int | None, width: int
 ) -> tuple[int, int]:
-    if end is None:
-        end = summaries.last_step(conn, job_id) or 0
-        if start is not None:
-            end = max(end, start)
-    if start is None:
-        start = max(0, end - width + 1)
-    if end < start:
-        raise HTTPException(422, detail=f"step_end ({end}) is before step_start ({start})")
-    return start, end
+    return step_window(start, end, width, lambda: queries.last_step(conn, job_id))
 
 
 def _data(ctx: CollectorContext) -> APIRouter:

@@ -31,12 +31,6 @@ MAX_HANG_RANKS = 1024
 SAMPLE_MARGIN_S = 30.0  # GPU samples this long before and after the chosen step
 
 
-def last_step(conn: Connection, job_id: str) -> int | None:
-    t = tables.step_matrix
-    last = conn.execute(select(func.max(t.c.step)).where(t.c.job_id == job_id)).scalar_one()
-    return None if last is None else int(last)
-
-
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """numpy's all-NaN warnings off: a step no rank reported is NaN, which is the answer."""
@@ -100,7 +94,7 @@ def jobs(conn: Connection) -> list[dict[str, Any]]:
     out = []
     for job in listed:
         job_id = job["job_id"]
-        last = last_step(conn, job_id)
+        last = queries.last_step(conn, job_id)
         figures = _recent_figures(conn, job_id, last) if last is not None else {}
         out.append(
             {
@@ -126,7 +120,7 @@ def series(
     conn: Connection, job_id: str, *, step_start: int | None, step_end: int | None
 ) -> dict[str, Any]:
     """Per step: step time p50 and p99 over ranks, mean MFU, tokens per second."""
-    last = last_step(conn, job_id)
+    last = queries.last_step(conn, job_id)
     if last is None:
         return {
             "steps": [],
@@ -220,7 +214,7 @@ def state(conn: Connection, job_id: str, *, now_s: float) -> dict[str, Any]:
     """`queries.job_state`'s figures read from the last step alone (its count of distinct
     reporting ranks scans every step record: seconds for a 10,000-rank job's 10 M rows)."""
     job = queries.get_job(conn, job_id)
-    last = last_step(conn, job_id)
+    last = queries.last_step(conn, job_id)
     s, f = tables.step_records, tables.findings
     end_s, reporting = None, 0
     if last is not None:
@@ -357,7 +351,7 @@ def cell(conn: Connection, job_id: str, *, rank: int, step: int) -> dict[str, An
 def hang(conn: Connection, job_id: str) -> dict[str, Any]:
     """Rank x group last sequence numbers (who is behind) and the hang findings' stack groups."""
     beats = queries.latest_heartbeats(conn, job_id)[:MAX_HANG_RANKS]
-    last = last_step(conn, job_id)
+    last = queries.last_step(conn, job_id)
     c = tables.coll_aggs
     seqs: dict[tuple[int, str], int] = {}
     if last is not None:
