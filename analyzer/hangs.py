@@ -6,7 +6,11 @@ hang once no step has ended for `max(factor x median recent step time, slow_step
 percentile, min_s)` seconds (a job that has just turned slow is not hung), and names
 the culprits: following who waits for whom (a rank waiting in group G at sequence q waits for the
 members of G that have not reached q), the ranks at the end of those chains never entered the
-collective the others wait in. Pure: the caller supplies `now_s`.
+collective the others wait in. A culprit whose newest heartbeat predates the stall (its flusher
+delayed by a loaded CPU, its shipper retrying after a collector restart) is late to report, not
+behind: the finding waits for its next heartbeat (a few seconds at most, then names it with
+lower confidence). A heartbeat that arrives after a newer one of its rank does not move it back.
+Pure: the caller supplies `now_s`.
 
 It also tells a crash from a hang by the heartbeats, which the SDK's background thread sends
 each second whatever the training thread does: a hung rank keeps sending them, a dead one
@@ -282,9 +286,12 @@ class HangTracker:
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
         if hb.time_s < self._epoch_s:
             return  # sent by a rank of an attempt that has since been restarted
-        self._last_beat[hb.rank] = max(self._last_beat.get(hb.rank, 0.0), hb.time_s)
+        newest = self._last_beat.get(hb.rank, 0.0)
+        self._last_beat[hb.rank] = max(newest, hb.time_s)
         if hb.state is schema.RankState.FAILED:
             self._failed.setdefault(hb.rank, hb.time_s)
+        if hb.time_s < newest:
+            return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
 
     def threshold_s(self) -> float:
@@ -316,8 +323,24 @@ class HangTracker:
             return None
         if silent <= threshold or (self._ranks and self._finished >= self._ranks):
             return None
-        self._open = self._hang_finding(now_s, silent, threshold)
+        culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
+        late = self._unreported(culprits, threshold)
+        if late and not final and silent <= threshold + _LATE_REPORT_S:
+            return None  # their newest positions predate the stall: wait for them to report
+        self._open = self._hang_finding(now_s, silent, threshold, culprits, late)
         return self._open
+
+    def _unreported(self, culprits: Culprits | None, threshold: float) -> list[int]:
+        """The culprits whose newest heartbeat was sent before their position could show where
+        they stopped: within half the threshold (at least one median step) of the last progress,
+        a healthy rank may still be on its way to the collective its peers wait in. Under load a
+        rank's flusher thread, or its shipper after a collector restart, reports late; its
+        stale position (not waiting, behind) must not make it a culprit. Empty when no rank
+        sent heartbeats (positions from aggregates alone)."""
+        if culprits is None or not self._last_beat:
+            return []
+        since = self._last_progress_s + threshold / 2
+        return [r for r in culprits.ranks if self._last_beat.get(r, 0.0) < since]
 
     def _check_crash(self, now_s: float, *, final: bool) -> schema.Finding | None:
         beats = self._last_beat
@@ -382,8 +405,14 @@ class HangTracker:
             trace_end_s=now_s,
         )
 
-    def _hang_finding(self, now_s: float, silent: float, threshold: float) -> schema.Finding:
-        culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
+    def _hang_finding(
+        self,
+        now_s: float,
+        silent: float,
+        threshold: float,
+        culprits: Culprits | None,
+        late: Sequence[int],
+    ) -> schema.Finding:
         median = statistics.median(self._step_times) if self._step_times else 0.0
         ev = [
             findings.evidence(
@@ -419,7 +448,12 @@ class HangTracker:
                 f"#{culprits.seq} of group {culprits.group!r} that {culprits.num_waiting} rank(s) "
                 f"wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
             )
-            confidence = 0.95 if culprits.resolved else 0.6
+            confidence = 0.95 if culprits.resolved and not late else 0.6
+            if late:
+                summary += (
+                    f"; rank(s) {', '.join(map(str, late[:8]))} sent no heartbeat since progress"
+                    " stopped (their positions may be stale)"
+                )
         return findings.make_finding(
             kind=schema.FindingKind.HANG,
             job_id=self.job_id,
@@ -444,6 +478,10 @@ _CRASH_SILENCE_S = 5.0
 _ALIVE_S = 2.5
 _PEERS_SETTLE_S = 3.0
 _BEAT_SLACK_S = 0.5
+# How much longer than the threshold a hang waits for culprits whose newest heartbeat predates
+# the stall (a flusher delayed by a loaded CPU, a shipper retrying after a collector restart):
+# their beats reach a collector within about 3 s, as a failing peer's last one does.
+_LATE_REPORT_S = _PEERS_SETTLE_S
 
 
 def _resolved(finding: schema.Finding, last_step: int) -> schema.Finding:
