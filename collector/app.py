@@ -29,6 +29,7 @@ from vigil.collector import (
     history,
     job_metrics,
     retention,
+    routes_control,
     routes_ingest,
     routes_query,
     routes_upload,
@@ -90,6 +91,7 @@ def create_app(
     app.include_router(routes_ingest.router(ctx))
     app.include_router(routes_query.router(ctx))
     app.include_router(routes_upload.router(ctx))
+    app.include_router(routes_control.router(ctx))  # control requests for ranks
     ui.mount(app, ctx)  # the web UI under /ui (collector/ui/)
     _ops_routes(app, ctx)
     if not docs_open:

@@ -7,9 +7,9 @@ Must not hold logic.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class ErrorPublic(BaseModel):
@@ -219,3 +219,49 @@ class ChromeTracePublic(BaseModel):
     traceEvents: list[dict[str, Any]]  # noqa: N815 (the format's own key)
     displayTimeUnit: str  # noqa: N815
     otherData: dict[str, Any]  # noqa: N815
+
+
+class ControlIn(BaseModel):
+    """A control request for a job's running ranks (`POST /api/v1/jobs/{job}/control`)."""
+
+    model_config = {"extra": "forbid"}
+
+    kind: Literal["checkpoint", "dump_stacks"]
+    # The ranks to ask, or "all" (every rank the job reported).
+    ranks: list[Annotated[int, Field(ge=0, lt=2**31)]] | Literal["all"] = "all"
+    # The request's id (idempotent: the same id again answers the stored request); default new.
+    id: (
+        Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")] | None
+    ) = None
+
+
+class ControlAckIn(BaseModel):
+    """A node agent's report of the ranks whose SDK acknowledged a control request."""
+
+    model_config = {"extra": "forbid"}
+
+    node: Annotated[str, Field(min_length=1, max_length=256)]
+    ranks: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(min_length=1, max_length=65_536)
+
+
+class ControlPublic(BaseModel):
+    """A control request and where its acknowledgements stand."""
+
+    id: str
+    job_id: str
+    kind: str
+    ranks: list[int] | None  # null: every rank of the job
+    created_s: float
+    expected: list[int]  # the ranks that must acknowledge (the job's known ranks for "all")
+    acked: list[int]
+    done: bool
+
+
+class PendingControlPublic(BaseModel):
+    """A control request for a node agent: the ranks on its node still to acknowledge."""
+
+    id: str
+    job_id: str
+    kind: str
+    ranks: list[int]
+    created_s: float

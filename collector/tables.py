@@ -274,6 +274,29 @@ traces = Table(
     Index("ix_traces_job", "job_id", "uploaded_s"),
 )
 
+# Control requests for running ranks (checkpoint now, dump stacks), revision 0006: posted by the
+# recovery controller, fetched by the node agents of the nodes the job's ranks run on, which
+# write them into the ranks' progress pages and post each rank's acknowledgement back.
+control_requests = Table(
+    "control_requests",
+    metadata,
+    _name("request_id", primary_key=True),
+    _name("job_id"),
+    Column("kind", String(32), nullable=False),
+    Column("ranks", JSON, nullable=True),  # null: every rank of the job
+    Column("created_s", Double, nullable=False),
+    Index("ix_control_requests_job", "job_id", "created_s"),
+)
+
+control_acks = Table(
+    "control_acks",
+    metadata,
+    _name("request_id", primary_key=True),
+    Column("rank", BigInteger, primary_key=True),
+    _name("node"),
+    Column("acked_s", Double, nullable=False),
+)
+
 # Small key/value state of background maintenance (the rollup watermark).
 maintenance_state = Table(
     "maintenance_state",

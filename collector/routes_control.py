@@ -1,0 +1,192 @@
+"""The control path across nodes: requests for running ranks (checkpoint now, dump stacks).
+
+    POST /api/v1/jobs/{job}/control      the recovery controller asks (kind, ranks or "all", id)
+    GET  /api/v1/jobs/{job}/control/{id} where the request's acknowledgements stand
+    GET  /api/v1/control?node=<node>     a node agent's pending requests: those of jobs with
+                                         ranks on its node (the store's ranks table) that these
+                                         ranks have not acknowledged yet
+    POST /api/v1/control/{id}/ack        a node agent reports the ranks whose SDK acknowledged
+
+Every route takes the ingest scope (controllers and node agents hold ingest tokens). A request
+is pending for `PENDING_S` after it was posted; one the ranks never answer expires then. Must
+not talk to agents or ranks itself: agents poll.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi.responses import Response
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from vigil import api
+from vigil.collector import auth, dialects, tables
+from vigil.collector import models as m
+from vigil.collector.context import CollectorContext, json_response
+from vigil.collector.routes_query import reject_nul
+
+# 10 min: longer than any checkpoint a controller waits for; an older request is not pending.
+PENDING_S = 600.0
+# A node agent gets at most this many requests per poll (oldest first; the rest come next poll).
+MAX_PENDING = 100
+JobId = Annotated[str, Path(min_length=1, max_length=256)]
+RequestId = Annotated[str, Path(min_length=1, max_length=200)]
+Node = Annotated[str, Query(min_length=1, max_length=256)]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": m.ErrorPublic} for c in (401, 403, 404, 409)
+}
+
+
+def router(ctx: CollectorContext) -> APIRouter:
+    ingest = Depends(auth.require(auth.Scope.INGEST, ctx.settings))
+    r = APIRouter(
+        prefix=api.API_PREFIX,
+        dependencies=[ingest, Depends(reject_nul)],
+        responses=_ERRORS,
+        tags=["control"],
+    )
+
+    @r.post("/jobs/{job_id}/control", status_code=201, response_model=m.ControlPublic)
+    def create(job_id: JobId, body: m.ControlIn) -> Response:
+        """Ask the job's ranks to run their `kind` callback at their next step boundary."""
+        ranks = None if body.ranks == "all" else sorted(set(body.ranks))
+        if ranks is not None and not ranks:
+            raise HTTPException(422, detail='ranks: give at least one rank, or "all"')
+        request_id = body.id or uuid.uuid4().hex
+        row = {
+            "request_id": request_id,
+            "job_id": job_id,
+            "kind": body.kind,
+            "ranks": ranks,
+            "created_s": ctx.clock(),
+        }
+        with ctx.store.write() as conn:
+            fresh = dialects.insert_ignore(conn, tables.control_requests, row)
+        with ctx.store.read() as conn:
+            found = _status(conn, request_id)
+        assert found is not None
+        if not fresh and (found["job_id"], found["kind"], found["ranks"]) != (
+            job_id,
+            body.kind,
+            ranks,
+        ):
+            raise HTTPException(409, detail=f"control request {request_id!r} exists, differently")
+        return json_response(found, 201 if fresh else 200)
+
+    @r.get("/jobs/{job_id}/control/{request_id}", response_model=m.ControlPublic)
+    def status(job_id: JobId, request_id: RequestId) -> Response:
+        """The request and the ranks that acknowledged it."""
+        with ctx.store.read() as conn:
+            found = _status(conn, request_id)
+        if found is None or found["job_id"] != job_id:
+            raise HTTPException(404, detail=f"no control request {request_id!r} for {job_id!r}")
+        return json_response(found)
+
+    @r.get("/control", response_model=list[m.PendingControlPublic])
+    def pending(node: Node) -> Response:
+        """The requests a node agent should deliver: for ranks on `node`, not yet acknowledged."""
+        with ctx.store.read() as conn:
+            return json_response(_pending(conn, node, ctx.clock() - PENDING_S))
+
+    @r.post("/control/{request_id}/ack", response_model=m.ControlPublic)
+    def ack(request_id: RequestId, body: m.ControlAckIn) -> Response:
+        """Record that these ranks' SDK acknowledged the request."""
+        with ctx.store.read() as conn:
+            found = _status(conn, request_id)
+        if found is None:
+            raise HTTPException(404, detail=f"no control request {request_id!r}")
+        asked = found["ranks"]
+        stray = sorted(set(body.ranks) - set(asked)) if asked is not None else []
+        if stray:
+            raise HTTPException(422, detail=f"ranks {stray} were not asked by {request_id!r}")
+        now = ctx.clock()
+        with ctx.store.write() as conn:
+            for rank in sorted(set(body.ranks)):
+                dialects.insert_ignore(
+                    conn,
+                    tables.control_acks,
+                    {"request_id": request_id, "rank": rank, "node": body.node, "acked_s": now},
+                )
+        with ctx.store.read() as conn:
+            return json_response(_status(conn, request_id))
+
+    return r
+
+
+def _status(conn: Connection, request_id: str) -> dict[str, Any] | None:
+    req = tables.control_requests
+    row = conn.execute(select(req).where(req.c.request_id == request_id)).mappings().first()
+    if row is None:
+        return None
+    acks = tables.control_acks
+    acked = sorted(
+        int(r)
+        for r in conn.execute(select(acks.c.rank).where(acks.c.request_id == request_id)).scalars()
+    )
+    ranks = None if row["ranks"] is None else [int(r) for r in row["ranks"]]
+    if ranks is None:
+        known = tables.ranks
+        expected = sorted(
+            int(r)
+            for r in conn.execute(
+                select(known.c.rank).where(known.c.job_id == row["job_id"])
+            ).scalars()
+        )
+    else:
+        expected = ranks
+    return {
+        "id": row["request_id"],
+        "job_id": row["job_id"],
+        "kind": row["kind"],
+        "ranks": ranks,
+        "created_s": float(row["created_s"]),
+        "expected": expected,
+        "acked": acked,
+        "done": bool(expected) and set(expected) <= set(acked),
+    }
+
+
+def _pending(conn: Connection, node: str, since_s: float) -> list[dict[str, Any]]:
+    req, known, acks = tables.control_requests, tables.ranks, tables.control_acks
+    local = conn.execute(select(known.c.job_id, known.c.rank).where(known.c.node == node)).all()
+    by_job: dict[str, set[int]] = {}
+    for job_id, rank in local:
+        by_job.setdefault(str(job_id), set()).add(int(rank))
+    if not by_job:
+        return []
+    rows = (
+        conn.execute(
+            select(req)
+            .where(req.c.job_id.in_(sorted(by_job)), req.c.created_s >= since_s)
+            .order_by(req.c.created_s, req.c.request_id)
+        )
+        .mappings()
+        .all()
+    )
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        mine = by_job[row["job_id"]]
+        asked = mine if row["ranks"] is None else mine & {int(r) for r in row["ranks"]}
+        done = {
+            int(r)
+            for r in conn.execute(
+                select(acks.c.rank).where(acks.c.request_id == row["request_id"])
+            ).scalars()
+        }
+        todo = sorted(asked - done)
+        if todo:
+            out.append(
+                {
+                    "id": row["request_id"],
+                    "job_id": row["job_id"],
+                    "kind": row["kind"],
+                    "ranks": todo,
+                    "created_s": float(row["created_s"]),
+                }
+            )
+        if len(out) >= MAX_PENDING:
+            break
+    return out
