@@ -11,7 +11,8 @@ CollectiveEvents and a Heartbeat); the stacks are also saved with the run they c
 `Sample` records attributed to the rank using each device. It serves Prometheus /metrics and ships
 through the same queue/flusher/shipper as the SDK (spooling while the collector is away); on the
 flusher thread it also replays the spools exited ranks and `vigil diag` runs left behind
-(`orphans.py`).
+(`orphans.py`). With a collector it also delivers the control requests posted there for its
+ranks into their pages and reports their acknowledgements (`control_poll.py`).
 
 Owns its thread(s), its HTTP server and its output; never writes to a training process except
 through the page's control block.
@@ -32,6 +33,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from vigil import outbox, schema, sender
 from vigil.agent import (
     config,
+    control_poll,
     exporter,
     orphans,
     progress,
@@ -102,6 +104,7 @@ class Agent:
         self.registry.register(exporter.AgentCollector(self.view))
         self._server: Any = None
         self._stop = threading.Event()
+        self.control = self._make_control()
 
     def _make_sink(self) -> sinks.Sink:
         cfg = self.cfg
@@ -126,6 +129,23 @@ class Agent:
             return self.shipper
         out = cfg.output_dir or Path("vigil-output")
         return sinks.JsonlSink(out / "_agent" / f"agent-{cfg.node}.jsonl")
+
+    def _make_control(self) -> control_poll.ControlPoller | None:
+        """With a collector: the control requests for this node's ranks (`control_poll`)."""
+        if not self.cfg.collector:
+            return None
+        cfg = sender.SenderConfig(collector_url=self.cfg.collector, token=self.cfg.token)
+        return control_poll.ControlPoller(
+            cfg=cfg, node=self.cfg.node, pages=self._control_pages, clock=self._clock
+        )
+
+    def _control_pages(self) -> list[tuple[str, int, progress.PageReader]]:
+        """The live local ranks' pages a control request may go to."""
+        return [
+            (t.last.job, t.last.rank, t.reader)
+            for t in self._tracked.values()
+            if t.last is not None and not t.exit_seen
+        ]
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> int:
@@ -153,6 +173,8 @@ class Agent:
                 self.sample()
                 next_sample = now + self.cfg.sample_interval_s
             self.poll()
+            if self.control is not None:
+                self.control.tick()
             stop.wait(self.cfg.poll_interval_s)
 
     def stop(self) -> None:
@@ -166,6 +188,8 @@ class Agent:
         self.flusher.stop(timeout_s=self.cfg.shutdown_timeout_s)
         if self.orphans is not None:
             self.orphans.close()
+        if self.control is not None:
+            self.control.close()
         for tracked in self._tracked.values():
             tracked.reader.close()
         if self.gpus is not None:

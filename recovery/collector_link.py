@@ -186,3 +186,81 @@ class CollectorActions:
         if self._box is not None:
             self._box.close()
         self._box = self._earlier = None
+
+
+@dataclass(kw_only=True)
+class CollectorControl:
+    """Control requests for a job's ranks through the collector (the control path across nodes):
+    the collector hands them to the node agent of each rank's node, which writes them into the
+    rank's progress page and posts the SDK's acknowledgement back. `request` waits for every
+    asked rank's acknowledgement; `request(timeout_s=...)` alone is a checkpoint (the
+    controller's `Checkpointer`). Never raises for an outage: False is the answer."""
+
+    url: str
+    job_id: str
+    token: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    poll_s: float = 0.2
+    client: httpx.Client = field(default_factory=httpx.Client)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def request(
+        self,
+        *,
+        timeout_s: float,
+        kind: str = "checkpoint",
+        ranks: Sequence[int] | None = None,
+        request_id: str | None = None,
+    ) -> bool:
+        """Ask `ranks` (None: every rank of the job) to run their `kind` callback; True once
+        all acknowledged within `timeout_s`."""
+        status = self.post(kind, ranks=ranks, request_id=request_id)
+        if status is None:
+            return False
+        deadline = self.clock() + timeout_s
+        while not status.get("done"):
+            if self.clock() >= deadline:
+                log.warning(
+                    "control request %s (%s) for %s: acknowledged by %s of %s within %.0f s",
+                    status.get("id"),
+                    kind,
+                    self.job_id,
+                    status.get("acked"),
+                    status.get("expected"),
+                    timeout_s,
+                )
+                return False
+            self.sleep(self.poll_s)
+            status = self.status(str(status["id"])) or status
+        return True
+
+    def post(
+        self, kind: str, *, ranks: Sequence[int] | None = None, request_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """Create the request (idempotent by `request_id`); its status, or None if not posted."""
+        body: dict[str, Any] = {"kind": kind, "ranks": "all" if ranks is None else list(ranks)}
+        if request_id is not None:
+            body["id"] = request_id
+        path = f"{self.url.rstrip('/')}{api.API_PREFIX}/jobs/{self.job_id}/control"
+        try:
+            response = self.client.post(
+                path, json=body, headers=_headers(self.token), timeout=self.timeout_s
+            )
+            response.raise_for_status()
+            found: dict[str, Any] = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("could not post a %s request to %s: %s", kind, path, exc)
+            return None
+        return found
+
+    def status(self, request_id: str) -> dict[str, Any] | None:
+        path = f"{self.url.rstrip('/')}{api.API_PREFIX}/jobs/{self.job_id}/control/{request_id}"
+        try:
+            response = self.client.get(path, headers=_headers(self.token), timeout=self.timeout_s)
+            response.raise_for_status()
+            found: dict[str, Any] = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("could not read control request %s: %s", request_id, exc)
+            return None
+        return found

@@ -1,0 +1,160 @@
+"""The control path across nodes, end to end with real processes: a collector, a `vigil agent`
+on each of two (simulated) nodes and one SDK rank per node. A checkpoint request posted through
+the collector's API (`CollectorControl`, as the Kubernetes controller posts it) reaches each
+rank through its node's agent and progress page, runs the rank's `vigil.agent.on_control`
+callback, and the acknowledgements come back through the API."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.agent.conftest import free_port, poll_until
+from vigil.recovery.collector_link import CollectorControl
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).parent
+JOB = "ctljob"
+NODES = ("node-a", "node-b")
+
+
+def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ranks_known(url: str) -> bool:
+    try:
+        rows = httpx.get(f"{url}/api/v1/jobs/{JOB}/ranks", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return isinstance(rows, list) and {r.get("node") for r in rows} == set(NODES)
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs = [
+        _start(
+            [
+                sys.executable,
+                "-m",
+                "vigil",
+                "collector",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--store",
+                f"sqlite:///{tmp_path / 'collector.sqlite3'}",
+            ],
+            tmp_path / "collector.log",
+            {"VIGIL_DATA_DIR": str(tmp_path / "data")},
+        )
+    ]
+    try:
+        poll_until(lambda: _healthy(url), timeout_s=60, what="the collector")
+        for i, node in enumerate(NODES):
+            pages, out = tmp_path / node / "pages", tmp_path / node / "out"
+            out.mkdir(parents=True)
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "vigil",
+                        "agent",
+                        "--node",
+                        node,
+                        "--progress-dir",
+                        str(pages),
+                        "--output-dir",
+                        str(out),
+                        "--collector",
+                        url,
+                        "--metrics-port",
+                        str(free_port()),
+                        "--poll-interval",
+                        "0.2",
+                        "--sample-interval",
+                        "5",
+                        "--no-nvml",
+                    ],
+                    tmp_path / f"agent-{node}.log",
+                )
+            )
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        str(HERE / "control_job.py"),
+                        str(i),
+                        str(len(NODES)),
+                        url,
+                        str(pages),
+                        str(out),
+                    ],
+                    tmp_path / f"rank-{i}.log",
+                    {"VIGIL_NODE": node},
+                )
+            )
+        poll_until(lambda: _ranks_known(url), timeout_s=60, what="both ranks in the collector")
+        yield url, tmp_path
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_through_the_api(
+    scene: tuple[str, Path],
+) -> None:
+    url, base = scene
+    control = CollectorControl(url=url, job_id=JOB, poll_s=0.2)
+    assert control.request(timeout_s=60, kind="checkpoint", request_id="ckpt-1"), (
+        "the ranks did not acknowledge: "
+        + "".join((base / f"agent-{n}.log").read_text()[-2000:] for n in NODES)
+    )
+    status = httpx.get(f"{url}/api/v1/jobs/{JOB}/control/ckpt-1", timeout=5).json()
+    assert status["acked"] == [0, 1] and status["done"] is True
+    for i, node in enumerate(NODES):
+        marker = base / node / "out" / f"checkpoint-rank-{i}"
+        assert marker.exists(), f"rank {i}'s checkpoint callback did not run"
+        assert int(marker.read_text()) >= 0
+    # Nothing is pending any more; one rank alone can be asked, and only its node delivers it.
+    for node in NODES:
+        assert httpx.get(f"{url}/api/v1/control", params={"node": node}, timeout=5).json() == []
+    (base / "node-a" / "out" / "checkpoint-rank-0").unlink()
+    (base / "node-b" / "out" / "checkpoint-rank-1").unlink()
+    assert control.request(timeout_s=60, ranks=[1], request_id="ckpt-2")
+    assert (base / "node-b" / "out" / "checkpoint-rank-1").exists()
+    assert not (base / "node-a" / "out" / "checkpoint-rank-0").exists()
+    # A request no rank can answer (a rank the job does not have) times out, it does not hang.
+    assert not control.request(timeout_s=1.5, ranks=[7], request_id="ckpt-3")
