@@ -4,9 +4,11 @@ Every `interval_s` the agent asks the collector for the control requests pending
 (`GET /api/v1/control?node=<node>`: checkpoint now, dump stacks, for ranks of jobs that run
 here), writes each into the matching local rank's progress page (the page's control block, as
 `vigil agent --request` does), and once the SDK acknowledged it there (its ack seq reached the
-request's), posts the acknowledgement back (`POST /api/v1/control/<id>/ack`). A page holds one
-request at a time: a second request for the same rank waits until the first is acknowledged or
-given up (`give_up_s`), so the SDK never misses one.
+request's; reported one round later, once the callback the SDK runs right after its ack had
+that time), posts the acknowledgement back (`POST /api/v1/control/<id>/ack`); a dump_stacks
+acknowledgement carries the rank's newest dump from its stacks file (what the SDK just wrote).
+A page holds one request at a time: a second request for the same rank waits until the first is
+acknowledged or given up (`give_up_s`), so the SDK never misses one.
 
 Bounded and fail-open: each call has the core sender's timeout (`SenderConfig.timeout_s`, at most
 `MAX_TIMEOUT_S` so the watchdog's loop is never held up long), and a collector that is away or
@@ -25,7 +27,7 @@ from typing import Any
 import httpx
 
 from vigil import api, sender
-from vigil.agent import progress
+from vigil.agent import progress, rundir
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,10 @@ MAX_TIMEOUT_S = 2.0
 # the next request; the collector still lists the request as pending.
 GIVE_UP_S = 300.0
 
+# A dump_stacks answer carries at most this much of the rank's newest dump (the route's limit).
+MAX_DETAIL = 64 * 1024
+_DUMP_HEADER = "# vigil: "
+
 # (job, rank, the page's reader) of every live local rank.
 Pages = Callable[[], Iterable[tuple[str, int, progress.PageReader]]]
 
@@ -42,10 +48,14 @@ Pages = Callable[[], Iterable[tuple[str, int, progress.PageReader]]]
 @dataclass
 class _Delivery:
     request_id: str
+    kind: str
     rank: int
     seq: int
     since_s: float
     reader: progress.PageReader
+    # When the page's ack was first seen: the SDK acks a request as it takes it, then runs it,
+    # so the agent reports the ack (and reads a dump) one round later.
+    acked_s: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -62,7 +72,7 @@ class ControlPoller:
     _next_s: float = field(default=0.0, init=False)
     _inflight: dict[tuple[str, int], _Delivery] = field(default_factory=dict, init=False)
     _done: set[tuple[str, int]] = field(default_factory=set, init=False)
-    _unsent: dict[str, set[int]] = field(default_factory=dict, init=False)
+    _unsent: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
     _http: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,11 +122,13 @@ class ControlPoller:
         return [r for r in rows if _well_formed(r)]
 
     def _send_acks(self) -> bool:
-        for request_id, ranks in list(self._unsent.items()):
+        for request_id, answers in list(self._unsent.items()):
+            ranks = sorted(answers)
+            details = {str(r): text for r, text in answers.items() if text}
             try:
                 response = self._http.post(
                     f"{self._base}/control/{request_id}/ack",
-                    json={"node": self.node, "ranks": sorted(ranks)},
+                    json={"node": self.node, "ranks": ranks, "details": details},
                     headers=self._headers,
                     timeout=self._timeout_s,
                 )
@@ -135,7 +147,7 @@ class ControlPoller:
                 )
             else:
                 self.acked_requests += 1
-                log.info("control request %s acknowledged by ranks %s", request_id, sorted(ranks))
+                log.info("control request %s acknowledged by ranks %s", request_id, ranks)
             del self._unsent[request_id]
         return True
 
@@ -147,8 +159,11 @@ class ControlPoller:
             except (ValueError, OSError):  # the daemon dropped the page: its rank is gone
                 acked = False
                 d.since_s = -self.give_up_s  # give up now
-            if acked:
-                self._unsent.setdefault(d.request_id, set()).add(d.rank)
+            if acked and d.acked_s is None:
+                d.acked_s = now
+            elif acked:
+                detail = _last_dump(d.reader) if d.kind == "dump_stacks" else ""
+                self._unsent.setdefault(d.request_id, {})[d.rank] = detail
                 del self._inflight[key]
             elif now - d.since_s >= self.give_up_s:
                 log.warning(
@@ -174,7 +189,7 @@ class ControlPoller:
                 except (ValueError, OSError) as exc:
                     log.warning("cannot write control request %s to rank %d: %s", key, rank, exc)
                     continue
-                self._inflight[key] = _Delivery(req["id"], rank, seq, now, reader)
+                self._inflight[key] = _Delivery(req["id"], req["kind"], rank, seq, now, reader)
                 self._done.add(key)
                 busy.add(id(reader))
                 self.delivered_requests += 1
@@ -187,6 +202,22 @@ class ControlPoller:
                 )
         # Bounded memory: forget what the collector no longer lists (and nothing in flight).
         self._done &= wanted | set(self._inflight)
+
+
+def _last_dump(reader: progress.PageReader) -> str:
+    """The rank's newest stack dump: the last section of its stacks file beside its page."""
+    path = reader.path.with_suffix(rundir.STACKS_SUFFIX)
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - MAX_DETAIL))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        log.warning("cannot read the stacks of %s: %s", path, exc)
+        return ""
+    start = tail.rfind(_DUMP_HEADER)
+    return tail[start:] if start >= 0 else tail
 
 
 def _well_formed(row: object) -> bool:

@@ -242,6 +242,8 @@ class ControlAckIn(BaseModel):
 
     node: Annotated[str, Field(min_length=1, max_length=256)]
     ranks: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(min_length=1, max_length=65_536)
+    # What a rank answered with, by rank (a dump_stacks request: its stacks; at most 64 KiB each).
+    details: dict[int, Annotated[str, Field(max_length=65_536)]] = Field(default_factory=dict)
 
 
 class ControlPublic(BaseModel):
@@ -255,6 +257,8 @@ class ControlPublic(BaseModel):
     expected: list[int]  # the ranks that must acknowledge (the job's known ranks for "all")
     acked: list[int]
     done: bool
+    # Each acknowledging rank's answer (with ?details=true only).
+    details: dict[int, str] | None = None
 
 
 class PendingControlPublic(BaseModel):

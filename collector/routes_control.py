@@ -6,6 +6,7 @@
                                          ranks on its node (the store's ranks table) that these
                                          ranks have not acknowledged yet
     POST /api/v1/control/{id}/ack        a node agent reports the ranks whose SDK acknowledged
+                                         (and, for dump_stacks, each rank's stacks)
 
 Every route takes the ingest scope (controllers and node agents hold ingest tokens). A request
 is pending for `PENDING_S` after it was posted; one the ranks never answer expires then. Must
@@ -77,10 +78,10 @@ def router(ctx: CollectorContext) -> APIRouter:
         return json_response(found, 201 if fresh else 200)
 
     @r.get("/jobs/{job_id}/control/{request_id}", response_model=m.ControlPublic)
-    def status(job_id: JobId, request_id: RequestId) -> Response:
-        """The request and the ranks that acknowledged it."""
+    def status(job_id: JobId, request_id: RequestId, details: bool = False) -> Response:
+        """The request and the ranks that acknowledged it (`details`: with their answers)."""
         with ctx.store.read() as conn:
-            found = _status(conn, request_id)
+            found = _status(conn, request_id, details=details)
         if found is None or found["job_id"] != job_id:
             raise HTTPException(404, detail=f"no control request {request_id!r} for {job_id!r}")
         return json_response(found)
@@ -102,13 +103,22 @@ def router(ctx: CollectorContext) -> APIRouter:
         stray = sorted(set(body.ranks) - set(asked)) if asked is not None else []
         if stray:
             raise HTTPException(422, detail=f"ranks {stray} were not asked by {request_id!r}")
+        unacked = sorted(set(body.details) - set(body.ranks))
+        if unacked:
+            raise HTTPException(422, detail=f"details: ranks {unacked} are not among the ranks")
         now = ctx.clock()
         with ctx.store.write() as conn:
             for rank in sorted(set(body.ranks)):
                 dialects.insert_ignore(
                     conn,
                     tables.control_acks,
-                    {"request_id": request_id, "rank": rank, "node": body.node, "acked_s": now},
+                    {
+                        "request_id": request_id,
+                        "rank": rank,
+                        "node": body.node,
+                        "acked_s": now,
+                        "detail": body.details.get(rank, ""),
+                    },
                 )
         with ctx.store.read() as conn:
             return json_response(_status(conn, request_id))
@@ -116,16 +126,19 @@ def router(ctx: CollectorContext) -> APIRouter:
     return r
 
 
-def _status(conn: Connection, request_id: str) -> dict[str, Any] | None:
+def _status(conn: Connection, request_id: str, *, details: bool = False) -> dict[str, Any] | None:
     req = tables.control_requests
     row = conn.execute(select(req).where(req.c.request_id == request_id)).mappings().first()
     if row is None:
         return None
     acks = tables.control_acks
-    acked = sorted(
-        int(r)
-        for r in conn.execute(select(acks.c.rank).where(acks.c.request_id == request_id)).scalars()
-    )
+    answers = {
+        int(rank): str(detail)
+        for rank, detail in conn.execute(
+            select(acks.c.rank, acks.c.detail).where(acks.c.request_id == request_id)
+        ).all()
+    }
+    acked = sorted(answers)
     ranks = None if row["ranks"] is None else [int(r) for r in row["ranks"]]
     if ranks is None:
         known = tables.ranks
@@ -137,7 +150,7 @@ def _status(conn: Connection, request_id: str) -> dict[str, Any] | None:
         )
     else:
         expected = ranks
-    return {
+    out: dict[str, Any] = {
         "id": row["request_id"],
         "job_id": row["job_id"],
         "kind": row["kind"],
@@ -147,6 +160,8 @@ def _status(conn: Connection, request_id: str) -> dict[str, Any] | None:
         "acked": acked,
         "done": bool(expected) and set(expected) <= set(acked),
     }
+    out["details"] = answers if details else None
+    return out
 
 
 def _pending(conn: Connection, node: str, since_s: float) -> list[dict[str, Any]]:

@@ -295,6 +295,8 @@ control_acks = Table(
     Column("rank", BigInteger, primary_key=True),
     _name("node"),
     Column("acked_s", Double, nullable=False),
+    # What the rank answered with (a dump_stacks request: its stacks), "" when nothing.
+    Column("detail", Text, nullable=False, server_default=""),
 )
 
 # Small key/value state of background maintenance (the rollup watermark).

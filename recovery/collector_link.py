@@ -194,7 +194,9 @@ class CollectorControl:
     the collector hands them to the node agent of each rank's node, which writes them into the
     rank's progress page and posts the SDK's acknowledgement back. `request` waits for every
     asked rank's acknowledgement; `request(timeout_s=...)` alone is a checkpoint (the
-    controller's `Checkpointer`). Never raises for an outage: False is the answer."""
+    controller's `Checkpointer`: True once every rank took the request, whose callback the SDK
+    runs right after its ack; not a confirmation that the checkpoint committed). `stacks`
+    returns each answering rank's own dump. Never raises for an outage: False / {} then."""
 
     url: str
     job_id: str
@@ -216,24 +218,37 @@ class CollectorControl:
         """Ask `ranks` (None: every rank of the job) to run their `kind` callback; True once
         all acknowledged within `timeout_s`."""
         status = self.post(kind, ranks=ranks, request_id=request_id)
+        return status is not None and bool(self._await(status, timeout_s).get("done"))
+
+    def stacks(
+        self, ranks: Sequence[int], *, timeout_s: float, request_id: str | None = None
+    ) -> dict[int, str]:
+        """Ask `ranks` to dump their stacks (the SDK's own dump); each answering rank's dump."""
+        status = self.post("dump_stacks", ranks=ranks, request_id=request_id)
         if status is None:
-            return False
+            return {}
+        self._await(status, timeout_s)
+        final = self.status(str(status["id"]), details=True) or {}
+        details = final.get("details") or {}
+        return {int(rank): str(text) for rank, text in details.items()}
+
+    def _await(self, status: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         deadline = self.clock() + timeout_s
         while not status.get("done"):
             if self.clock() >= deadline:
                 log.warning(
                     "control request %s (%s) for %s: acknowledged by %s of %s within %.0f s",
                     status.get("id"),
-                    kind,
+                    status.get("kind"),
                     self.job_id,
                     status.get("acked"),
                     status.get("expected"),
                     timeout_s,
                 )
-                return False
+                return status
             self.sleep(self.poll_s)
             status = self.status(str(status["id"])) or status
-        return True
+        return status
 
     def post(
         self, kind: str, *, ranks: Sequence[int] | None = None, request_id: str | None = None
@@ -254,10 +269,15 @@ class CollectorControl:
             return None
         return found
 
-    def status(self, request_id: str) -> dict[str, Any] | None:
+    def status(self, request_id: str, *, details: bool = False) -> dict[str, Any] | None:
         path = f"{self.url.rstrip('/')}{api.API_PREFIX}/jobs/{self.job_id}/control/{request_id}"
         try:
-            response = self.client.get(path, headers=_headers(self.token), timeout=self.timeout_s)
+            response = self.client.get(
+                path,
+                params={"details": "true"} if details else None,
+                headers=_headers(self.token),
+                timeout=self.timeout_s,
+            )
             response.raise_for_status()
             found: dict[str, Any] = response.json()
         except (httpx.HTTPError, ValueError) as exc:

@@ -2,7 +2,8 @@
 
 Argument parsing and wiring only: the loop is `controller.Controller`, the cluster work
 `kubernetes.KubernetesExecutor` (imported when the command runs, so `vigil --help` never needs
-the Kubernetes client), the journal `k8s_journal.AnnotationJournal` on the JobSet itself.
+the Kubernetes client), the journal `k8s_journal.AnnotationJournal` on the JobSet itself, and,
+with a collector, checkpoint now / dump stacks through `collector_link.CollectorControl`.
 """
 
 from __future__ import annotations
@@ -188,6 +189,12 @@ def _run(args: argparse.Namespace) -> int:
         [collector_link.CollectorActions(url=url, token=common.token)] if url else []
     )
     sink = journal.Tee(sinks)
+    # Checkpoint now and dump stacks go through the collector to the ranks' node agents. Only an
+    # acting controller asks for a checkpoint (observe mode changes nothing in the job).
+    control = (
+        collector_link.CollectorControl(url=url, job_id=job_id, token=common.token) if url else None
+    )
+    executor.control = control
     for problem in executor.problems:
         sys.stderr.write(f"vigil controller: {args.namespace}/{name}: {problem}\n")
     if executor.problems:
@@ -216,6 +223,7 @@ def _run(args: argparse.Namespace) -> int:
         journal=book,
         placement=layout,
         sink=sink,
+        checkpointer=control if acting else None,
         findings=collector_link.CollectorFindings(url=url, job_id=job_id, token=common.token)
         if url
         else None,

@@ -18,6 +18,10 @@ carries out the controller's steps with the API alone:
   annotation `vigil.dev/attempt-generation`, so a restarted controller knows which generation
   its attempt is, and `kill_attempt` evicts only while that generation is still healthy (every
   step is idempotent: a second controller, or the same one restarted, never restarts twice).
+- checkpoint now and dump stacks: the controller cannot reach a pod's shared memory, so they go
+  through the collector to the node agent on the rank's node and its progress page
+  (`collector_link.CollectorControl`, the `control` channel here; the controller's checkpointer
+  in `k8s_cli`); a rank that does not answer a stack dump gets `py-spy` through the pod's exec.
 - modes: `observe` (default; records what it would do, changes nothing: every write raises
   `NotActingError` before any request) and `act`, the latter only in allowed namespaces.
 
@@ -31,9 +35,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -178,6 +182,11 @@ class JobSetAnnotations:
         )
 
 
+class StackChannel(Protocol):
+    def stacks(self, ranks: Sequence[int], *, timeout_s: float) -> dict[int, str]:
+        """Each answering rank's own stack dump (`collector_link.CollectorControl`)."""
+
+
 @dataclass(kw_only=True)
 class KubernetesExecutor:
     api: Api
@@ -201,6 +210,10 @@ class KubernetesExecutor:
     # Runs a command in a pod's first container and returns its output (stack dumps); None: the
     # client's exec stream.
     pod_exec: Callable[[str, list[str]], str] | None = None
+    # The control path across nodes (`collector_link.CollectorControl`): stack dumps come from
+    # the ranks' own SDK through their node agents; ranks that do not answer get the pod exec.
+    control: StackChannel | None = None
+    stacks_timeout_s: float = 30.0
     # The one-active-controller Lease, renewed on every poll (None: not held, e.g. observe).
     lease: Lease | None = None
     clock: Callable[[], float] = time.time
@@ -463,10 +476,16 @@ class KubernetesExecutor:
         """Nothing: a node keeps no per-job state vigil placed there."""
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        _, slots = self._current()
         out: dict[int, str] = {}
+        if self.control is not None and ranks:
+            answered = self.control.stacks(ranks, timeout_s=self.stacks_timeout_s)
+            out.update({r: text for r, text in answered.items() if r in ranks and text})
+        missing = [r for r in ranks if r not in out]
+        if not missing:
+            return out
+        _, slots = self._current()
         for slot in slots:
-            wanted = [r for r in self._ranks(slot) if r in ranks]
+            wanted = [r for r in self._ranks(slot) if r in missing]
             if not wanted:
                 continue
             try:

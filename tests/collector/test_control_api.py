@@ -61,6 +61,14 @@ def test_a_request_reaches_the_agents_of_its_ranks_nodes_until_they_ack(
     assert [p["kind"] for p in client.get("/api/v1/control", params={"node": "node-b"}).json()] == [
         "dump_stacks"
     ]
+    # A dump_stacks answer carries the rank's stacks, read back with details=true.
+    sid = stacks.json()["id"]
+    body = {"node": "node-b", "ranks": [3], "details": {"3": "Thread 0x1 (most recent call)"}}
+    assert client.post(f"/api/v1/control/{sid}/ack", json=body).status_code == 200
+    plain = client.get(f"/api/v1/jobs/j/control/{sid}").json()
+    assert plain["done"] is True and plain["details"] is None
+    detailed = client.get(f"/api/v1/jobs/j/control/{sid}", params={"details": "true"}).json()
+    assert detailed["details"] == {"3": "Thread 0x1 (most recent call)"}
 
 
 @pytest.mark.parametrize(
@@ -92,6 +100,8 @@ def test_bad_acks_and_unknown_requests(client: TestClient) -> None:
         client.post("/api/v1/control/nope/ack", json={"node": "n", "ranks": [0]}).status_code == 404
     )
     assert client.post("/api/v1/control/c/ack", json={"node": "n", "ranks": []}).status_code == 422
+    odd = {"node": "n", "ranks": [1], "details": {"2": "stacks"}}
+    assert client.post("/api/v1/control/c/ack", json=odd).status_code == 422
     assert client.get("/api/v1/jobs/other/control/c").status_code == 404
     assert client.get("/api/v1/control").status_code == 422  # node is required
 

@@ -2,7 +2,8 @@
 
 `control_requests`: one row per request (checkpoint now, dump stacks) the recovery controller
 posted for a job, for some ranks or (ranks null) every rank. `control_acks`: one row per rank
-whose SDK acknowledged the request, posted by the node agent of the rank's node.
+whose SDK acknowledged the request, posted by the node agent of the rank's node, with what the
+rank answered (`detail`: a dump_stacks request's stacks).
 Self-contained: must not import vigil, whose layout may move on.
 
 Revision ID: 0006
@@ -41,6 +42,7 @@ def upgrade() -> None:
         sa.Column("rank", sa.BigInteger(), primary_key=True, nullable=False),
         sa.Column("node", sa.String(NAME), nullable=False),
         sa.Column("acked_s", sa.Double(), nullable=False),
+        sa.Column("detail", sa.Text(), nullable=False, server_default=""),
     )
 
 
