@@ -2,7 +2,8 @@
 on each of two (simulated) nodes and one SDK rank per node. A checkpoint request posted through
 the collector's API (`CollectorControl`, as the Kubernetes controller posts it) reaches each
 rank through its node's agent and progress page, runs the rank's `vigil.agent.on_control`
-callback, and the acknowledgements come back through the API."""
+callback, and the acknowledgements come back through the API; a stack dump request brings each
+rank's own dump back with its acknowledgement."""
 
 from __future__ import annotations
 
@@ -156,5 +157,10 @@ def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_throu
     assert control.request(timeout_s=60, ranks=[1], request_id="ckpt-2")
     assert (base / "node-b" / "out" / "checkpoint-rank-1").exists()
     assert not (base / "node-a" / "out" / "checkpoint-rank-0").exists()
+    # Stacks on request: each rank's own dump (the SDK's faulthandler) comes back with its ack.
+    stacks = control.stacks([0, 1], timeout_s=60, request_id="stacks-1")
+    assert sorted(stacks) == [0, 1]
+    for text in stacks.values():
+        assert "dump_stacks requested" in text and "control_job.py" in text, text[:500]
     # A request no rank can answer (a rank the job does not have) times out, it does not hang.
     assert not control.request(timeout_s=1.5, ranks=[7], request_id="ckpt-3")
