@@ -269,3 +269,14 @@ class PendingControlPublic(BaseModel):
     kind: str
     ranks: list[int]
     created_s: float
+
+
+class ApprovalPublic(BaseModel):
+    """An action as `advise` mode's approvals see it."""
+
+    action_id: str
+    job_id: str
+    kind: str
+    target: str
+    state: str  # proposed -> approved (by a person), then the controller's own states
+    result: str

@@ -8,6 +8,11 @@
     POST /api/v1/control/{id}/ack        a node agent reports the ranks whose SDK acknowledged
                                          (and, for dump_stacks, each rank's stacks)
 
+And `advise` mode's approvals, for actions the controller posted as `proposed`:
+
+    GET  /api/v1/actions/{id}/approval   where a proposed action stands
+    POST /api/v1/actions/{id}/approve    a person approves it (409 unless proposed or approved)
+
 Every route takes the ingest scope (controllers and node agents hold ingest tokens). A request
 is pending for `PENDING_S` after it was posted; one the ranks never answer expires then. Must
 not talk to agents or ranks itself: agents poll.
@@ -20,7 +25,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import Response
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from vigil import api
@@ -31,6 +36,7 @@ from vigil.collector.routes_query import reject_nul
 
 # 10 min: longer than any checkpoint a controller waits for; an older request is not pending.
 PENDING_S = 600.0
+PROPOSED, APPROVED = "proposed", "approved"  # ActionState values (`advise` mode)
 # A node agent gets at most this many requests per poll (oldest first; the rest come next poll).
 MAX_PENDING = 100
 JobId = Annotated[str, Path(min_length=1, max_length=256)]
@@ -123,7 +129,43 @@ def router(ctx: CollectorContext) -> APIRouter:
         with ctx.store.read() as conn:
             return json_response(_status(conn, request_id))
 
+    @r.get("/actions/{action_id:path}/approval", response_model=m.ApprovalPublic)
+    def approval(action_id: str) -> Response:
+        """Where a proposed action stands (`advise` mode: the controller waits for approved)."""
+        with ctx.store.read() as conn:
+            return json_response(_approval(conn, action_id))
+
+    @r.post("/actions/{action_id:path}/approve", response_model=m.ApprovalPublic)
+    def approve(action_id: str) -> Response:
+        """Approve an action the controller proposed (`advise` mode); it then carries it out."""
+        act = tables.actions
+        with ctx.store.write() as conn:
+            found = _approval(conn, action_id)
+            if found["state"] not in (PROPOSED, APPROVED):
+                raise HTTPException(
+                    409, detail=f"action {action_id!r} is {found['state']}, not proposed"
+                )
+            conn.execute(update(act).where(act.c.action_id == action_id).values(state=APPROVED))
+        return json_response({**found, "state": APPROVED})
+
     return r
+
+
+_APPROVAL_FIELDS = ("action_id", "job_id", "kind", "target", "state", "result")
+
+
+def _approval(conn: Connection, action_id: str) -> dict[str, Any]:
+    act = tables.actions
+    row = (
+        conn.execute(
+            select(*(act.c[k] for k in _APPROVAL_FIELDS)).where(act.c.action_id == action_id)
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise HTTPException(404, detail=f"no action {action_id!r}")
+    return dict(row)
 
 
 def _status(conn: Connection, request_id: str, *, details: bool = False) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ import msgspec
 
 from vigil import api, codec, outbox, sender, settings, spool
 from vigil.recovery.attempts import FirstStep
-from vigil.schema import Action, DiagResult, Finding
+from vigil.schema import Action, ActionState, DiagResult, Finding
 
 log = logging.getLogger(__name__)
 
@@ -284,3 +284,45 @@ class CollectorControl:
             log.warning("could not read control request %s: %s", request_id, exc)
             return None
         return found
+
+
+@dataclass(kw_only=True)
+class CollectorApprovals:
+    """`advise` mode: a change the controller would make is posted as a `proposed` action (through
+    `actions`, upserted by id) and carried out only once a person approved it
+    (`POST /api/v1/actions/{id}/approve`). `approved` waits at most `timeout_s`; a proposal
+    already approved (a restarted controller) is not proposed again."""
+
+    url: str
+    actions: CollectorActions
+    token: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    poll_s: float = 1.0
+    client: httpx.Client = field(default_factory=httpx.Client)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def approved(self, proposal: Action, *, timeout_s: float) -> bool:
+        state = self.state(proposal.action_id)
+        if state is None:
+            self.actions.publish(proposal)
+        deadline = self.clock() + timeout_s
+        while state != ActionState.APPROVED.value:
+            if self.clock() >= deadline:
+                return False
+            self.sleep(self.poll_s)
+            state = self.state(proposal.action_id)
+        return True
+
+    def state(self, action_id: str) -> str | None:
+        """The action's state in the collector; None when it is not there (or unreachable)."""
+        path = f"{self.url.rstrip('/')}{api.API_PREFIX}/actions/{action_id}/approval"
+        try:
+            response = self.client.get(path, headers=_headers(self.token), timeout=self.timeout_s)
+            if response.status_code == 404:
+                return None
+            response.raise_for_status()
+            return str(response.json()["state"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.warning("could not read the approval of %s: %s", action_id, exc)
+            return None

@@ -44,9 +44,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", default=None, help="kubeconfig context")
     parser.add_argument(
         "--mode",
-        choices=("observe", "act"),
+        choices=("observe", "advise", "act"),
         default="observe",
-        help="observe (default): record what it would do, change nothing; act: quarantine, "
+        help="observe (default): record what it would do, change nothing; advise: propose each "
+        "change through the collector and make it once a person approved it "
+        "(POST /api/v1/actions/<id>/approve); act: quarantine, "
         "evict and restart (only in --allow-namespace namespaces)",
     )
     parser.add_argument(
@@ -117,6 +119,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="seconds to wait for the Lease another controller holds (default 60)",
     )
     parser.add_argument(
+        "--approval-timeout",
+        type=cli.non_negative_float,
+        default=600.0,
+        help="advise mode: seconds a proposed change waits for approval (default 600)",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=cli.non_negative_float,
         default=1.0,
@@ -133,6 +141,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     name = args.jobset or args.trainjob
+    common = settings.CommonSettings()
+    url = args.collector or common.collector_url or None
+    if args.mode == "advise" and not url:
+        sys.stderr.write("vigil controller: advise mode needs a collector (--collector URL)\n")
+        return 2
     try:
         breaker = k8s_plan.BreakerLimits(
             max_nodes=args.breaker_max_nodes,
@@ -183,8 +196,6 @@ def _run(args: argparse.Namespace) -> int:
             time.sleep(1.0)
         executor.lease = lease
     job_id = args.job or name
-    common = settings.CommonSettings()
-    url = args.collector or common.collector_url or None
     sinks: list[collector_link.CollectorActions] = (
         [collector_link.CollectorActions(url=url, token=common.token)] if url else []
     )
@@ -195,6 +206,12 @@ def _run(args: argparse.Namespace) -> int:
         collector_link.CollectorControl(url=url, job_id=job_id, token=common.token) if url else None
     )
     executor.control = control
+    if url and args.mode == "advise":
+        executor.job_id = job_id
+        executor.approval_timeout_s = args.approval_timeout
+        executor.approvals = collector_link.CollectorApprovals(
+            url=url, actions=sinks[0], token=common.token
+        )
     for problem in executor.problems:
         sys.stderr.write(f"vigil controller: {args.namespace}/{name}: {problem}\n")
     if executor.problems:

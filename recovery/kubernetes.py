@@ -23,7 +23,10 @@ carries out the controller's steps with the API alone:
   (`collector_link.CollectorControl`, the `control` channel here; the controller's checkpointer
   in `k8s_cli`); a rank that does not answer a stack dump gets `py-spy` through the pod's exec.
 - modes: `observe` (default; records what it would do, changes nothing: every write raises
-  `NotActingError` before any request) and `act`, the latter only in allowed namespaces.
+  `NotActingError` before any request), `advise` (each write is first posted to the collector as
+  a `proposed` action, `approvals`, and made only once a person approved it there; unapproved
+  within `approval_timeout_s` it raises `NotActingError`) and `act`; the latter two only in
+  allowed namespaces.
 
 409 and 429 answers are retried through the one backoff schedule (`vigil.delivery`). The JobSet
 controller, not vigil, creates and deletes pods: `stop` and `forget_node` change nothing.
@@ -31,6 +34,7 @@ controller, not vigil, creates and deletes pods: `stop` and `forget_node` change
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -48,14 +52,14 @@ from vigil.recovery import k8s_plan
 from vigil.recovery.executor import RankExit
 from vigil.recovery.k8s_journal import AnnotationStore
 from vigil.recovery.placement import Placement
-from vigil.schema import DiagResult
+from vigil.schema import Action, ActionKind, ActionState, DiagResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
-MODES = ("observe", "act")
+MODES = ("observe", "advise", "act")
 # 0.05 s doubling to 2 s over 8 tries: a conflict clears within ms, a throttled API within s.
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
@@ -182,6 +186,11 @@ class JobSetAnnotations:
         )
 
 
+class Approver(Protocol):
+    def approved(self, proposal: Action, *, timeout_s: float) -> bool:
+        """Post `proposal` (once) and wait for a person's approval; True once approved."""
+
+
 class StackChannel(Protocol):
     def stacks(self, ranks: Sequence[int], *, timeout_s: float) -> dict[int, str]:
         """Each answering rank's own stack dump (`collector_link.CollectorControl`)."""
@@ -214,6 +223,11 @@ class KubernetesExecutor:
     # the ranks' own SDK through their node agents; ranks that do not answer get the pod exec.
     control: StackChannel | None = None
     stacks_timeout_s: float = 30.0
+    # `advise` mode: where changes are proposed and approved (`collector_link.CollectorApprovals`),
+    # how long one waits for a person, and the job id the proposals are filed under.
+    approvals: Approver | None = None
+    approval_timeout_s: float = 600.0
+    job_id: str = ""
     # The one-active-controller Lease, renewed on every poll (None: not held, e.g. observe).
     lease: Lease | None = None
     clock: Callable[[], float] = time.time
@@ -257,21 +271,51 @@ class KubernetesExecutor:
 
     @property
     def acting(self) -> bool:
+        """Changes may be made: `act` (or `advise`, once approved) in an allowed namespace."""
         return (
-            self.mode == "act" and self.namespace in self.allowed_namespaces and not self._problems
+            self.mode in ("act", "advise")
+            and self.namespace in self.allowed_namespaces
+            and not self._problems
         )
 
-    def _guard(self, what: str) -> None:
-        if self.acting:
+    def _guard(self, what: str, kind: ActionKind, target: str) -> None:
+        if self.acting and self.mode == "act":
+            return
+        if self.acting:  # advise: a person approves each change through the collector
+            self._await_approval(what, kind, target)
             return
         why = (
             "; ".join(self._problems)
             if self._problems
             else f"namespace {self.namespace} is not allowed to act"
-            if self.mode == "act"
+            if self.mode != "observe"
             else "observe mode"
         )
         raise NotActingError(f"would {what} ({why}): nothing changed")
+
+    def _await_approval(self, what: str, kind: ActionKind, target: str) -> None:
+        if self.approvals is None:
+            raise NotActingError(f"would {what} (advise mode needs a collector): nothing changed")
+        # Stable across controller restarts: the same change of the same generation is proposed
+        # once, and an approval given to a predecessor holds.
+        generation = self._generation if self._generation is not None else -1
+        digest = hashlib.sha1(what.encode(), usedforsecurity=False).hexdigest()[:10]
+        proposal = Action(
+            action_id=f"{self.job_id or self.jobset}-proposal-{kind.value}-g{generation}-{digest}",
+            kind=kind,
+            job_id=self.job_id or self.jobset,
+            target=target,
+            state=ActionState.PROPOSED,
+            start_s=self.clock(),
+            result=f"vigil proposes to {what}; approve: POST /api/v1/actions/<id>/approve",
+        )
+        log.warning("advise mode: proposed %s (%s); waiting for approval", proposal.action_id, what)
+        if not self.approvals.approved(proposal, timeout_s=self.approval_timeout_s):
+            raise NotActingError(
+                f"would {what} (advise mode: not approved within "
+                f"{self.approval_timeout_s:.0f} s as {proposal.action_id}): nothing changed"
+            )
+        log.warning("advise mode: %s approved; carrying it out", proposal.action_id)
 
     # -- reading the job ----------------------------------------------------------------------
 
@@ -391,7 +435,8 @@ class KubernetesExecutor:
             n["metadata"]["name"] for n in self.api.nodes() if k8s_plan.quarantined(n)
         }
         victim = next((s for s in live if s.node in quarantined), live[0])
-        self._guard(f"evict pod {victim.name} to restart JobSet {self.jobset}")
+        what = f"evict pod {victim.name} to restart JobSet {self.jobset}"
+        self._guard(what, ActionKind.RESTART, victim.name)
         body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=victim.name, namespace=self.namespace))
         try:
             self.api.call(
@@ -408,7 +453,9 @@ class KubernetesExecutor:
         tj = self.read_trainjob()
         if k8s_plan.kueue_managed(tj):
             raise NotActingError(f"TrainJob {self.trainjob} is Kueue-managed: not toggling suspend")
-        self._guard(f"suspend, patch and resume TrainJob {self.trainjob}")
+        self._guard(
+            f"suspend, patch and resume TrainJob {self.trainjob}", ActionKind.RESTART, self.trainjob
+        )
         bad = sorted(n["metadata"]["name"] for n in self.api.nodes() if k8s_plan.quarantined(n))
         self._suspended_pods = {s.name for s in slots}
         self.api.patch_custom(TRAINJOB, self.namespace, self.trainjob, {"spec": {"suspend": True}})
@@ -517,7 +564,7 @@ class KubernetesExecutor:
     def diagnose(self, node: str, *, timeout_s: float) -> list[DiagResult]:
         """A Job pinned to `node` (nodeName, tolerating every taint) runs the quick suite; its
         pod's log holds one DiagResult JSON line per check."""
-        self._guard(f"run the node diagnostics as a Job on {node}")
+        self._guard(f"run the node diagnostics as a Job on {node}", ActionKind.DIAGNOSE, node)
         js = self.read_jobset()
         template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         image = self.diag_image or template["containers"][0]["image"]
@@ -584,7 +631,11 @@ class KubernetesExecutor:
         if refusal:
             log.error("not quarantining %s: %s", node, refusal)
             raise BreakerOpenError(f"{node} not quarantined: {refusal}")
-        self._guard(f"taint {k8s_plan.QUARANTINE_TAINT}:NoSchedule and cordon node {node}")
+        self._guard(
+            f"taint {k8s_plan.QUARANTINE_TAINT}:NoSchedule and cordon node {node}",
+            ActionKind.CORDON,
+            node,
+        )
 
         def patch() -> Any:
             fresh = self.api.read_node(node)

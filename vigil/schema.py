@@ -87,6 +87,10 @@ class ActionState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    # `advise` mode: a change the controller proposes, waiting for a person's approval
+    # (`POST /api/v1/actions/{id}/approve`), then approved.
+    PROPOSED = "proposed"
+    APPROVED = "approved"
 
 
 class Verdict(enum.StrEnum):
