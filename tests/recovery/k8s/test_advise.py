@@ -4,6 +4,9 @@ through the collector's API; unapproved, nothing in the cluster changes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -113,3 +116,12 @@ def test_unapproved_nothing_changes(collector: TestClient, tmp_path: Path) -> No
         assert restart is not None and restart.state is ActionState.FAILED
         assert "not approved within 0 s" in restart.result
         assert [r["kind"] for r in _proposed(collector)] == ["restart"]
+
+
+def test_advise_without_a_collector_is_refused_before_touching_the_cluster() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VIGIL_COLLECTOR_URL"}
+    cmd = [sys.executable, "-m", "vigil", "controller", "--kubernetes", "--jobset", "train",
+           "--namespace", NS, "--mode", "advise", "--kubeconfig", "/nonexistent"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "advise mode needs a collector" in done.stderr
