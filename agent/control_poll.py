@@ -12,8 +12,9 @@ acknowledged or given up (`give_up_s`), so the SDK never misses one.
 
 Bounded and fail-open: each call has the core sender's timeout (`SenderConfig.timeout_s`, at most
 `MAX_TIMEOUT_S` so the watchdog's loop is never held up long), and a collector that is away or
-answers nonsense costs one logged warning, never the agent. Must not import the collector; touches
-training processes only through the pages' control blocks.
+answers nonsense costs one logged warning (then DEBUG until it answers again), never the agent.
+Must not import the collector; touches training processes only through the pages' control
+blocks.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class ControlPoller:
     _done: set[tuple[str, int]] = field(default_factory=set, init=False)
     _unsent: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
     _http: httpx.Client = field(init=False)
+    # While the collector stays away (or has no control routes): one WARNING, then DEBUG.
+    _failing: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.give_up_s <= 0:
@@ -114,12 +117,19 @@ class ControlPoller:
             response.raise_for_status()
             rows = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            log.warning("cannot fetch control requests for %s: %r", self.node, exc)
+            self._failed("cannot fetch control requests for %s: %r", self.node, exc)
             return None
         if not isinstance(rows, list):
-            log.warning("the collector's control requests are not a list: %r", rows)
+            self._failed("the collector's control requests are not a list: %.200r", rows)
             return None
+        if self._failing:
+            log.info("control requests for %s: the collector answers again", self.node)
+            self._failing = False
         return [r for r in rows if _well_formed(r)]
+
+    def _failed(self, message: str, *args: object) -> None:
+        log.log(logging.DEBUG if self._failing else logging.WARNING, message, *args)
+        self._failing = True
 
     def _send_acks(self) -> bool:
         for request_id, answers in list(self._unsent.items()):
@@ -133,10 +143,10 @@ class ControlPoller:
                     timeout=self._timeout_s,
                 )
             except httpx.HTTPError as exc:
-                log.warning("cannot acknowledge control request %s: %r", request_id, exc)
+                self._failed("cannot acknowledge control request %s: %r", request_id, exc)
                 return False
             if response.status_code >= 500:
-                log.warning("collector answered %d to an ack; retrying", response.status_code)
+                self._failed("collector answered %d to an ack; retrying", response.status_code)
                 return False
             if response.status_code >= 400:  # expired or refused: nothing to retry
                 log.warning(

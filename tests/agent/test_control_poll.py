@@ -4,9 +4,11 @@ reported a round after the SDK's, and a collector that is away or answers nonsen
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import httpx
+import pytest
 
 from vigil import sender
 from vigil.agent import control_poll, progress
@@ -122,3 +124,18 @@ def test_an_unanswered_page_is_given_up_and_a_lost_ack_is_sent_again(tmp_path: P
     fake.down = False
     _round(poller, clock)
     assert [a["path"] for a in fake.acks] == ["/api/v1/control/b/ack"]
+
+
+def test_an_outage_is_logged_once_until_the_collector_answers_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    poller, fake, clock, _writer = _setup(tmp_path)
+    fake.down = True
+    with caplog.at_level(logging.DEBUG, logger=control_poll.__name__):
+        for _ in range(5):
+            _round(poller, clock)
+        fake.down = False
+        _round(poller, clock)
+    levels = [r.levelno for r in caplog.records]
+    assert levels.count(logging.WARNING) == 1 and levels.count(logging.DEBUG) == 4
+    assert "answers again" in caplog.records[-1].getMessage()
