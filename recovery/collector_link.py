@@ -233,6 +233,15 @@ class CollectorControl:
         return {int(rank): str(text) for rank, text in details.items()}
 
     def _await(self, status: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if not status.get("expected"):  # the collector knows no rank of the job: none will answer
+            log.warning(
+                "control request %s (%s): the collector knows no ranks of job %s (do they report "
+                "there?); not waiting",
+                status.get("id"),
+                status.get("kind"),
+                self.job_id,
+            )
+            return status
         deadline = self.clock() + timeout_s
         while not status.get("done"):
             if self.clock() >= deadline:
@@ -263,11 +272,11 @@ class CollectorControl:
                 path, json=body, headers=_headers(self.token), timeout=self.timeout_s
             )
             response.raise_for_status()
-            found: dict[str, Any] = response.json()
+            found = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("could not post a %s request to %s: %s", kind, path, exc)
             return None
-        return found
+        return _control_status(found)
 
     def status(self, request_id: str, *, details: bool = False) -> dict[str, Any] | None:
         path = f"{self.url.rstrip('/')}{api.API_PREFIX}/jobs/{self.job_id}/control/{request_id}"
@@ -279,11 +288,20 @@ class CollectorControl:
                 timeout=self.timeout_s,
             )
             response.raise_for_status()
-            found: dict[str, Any] = response.json()
+            found = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("could not read control request %s: %s", request_id, exc)
             return None
+        return _control_status(found)
+
+
+def _control_status(found: object) -> dict[str, Any] | None:
+    """A control request's status as the collector answers it; None for anything else (an older
+    collector without the control routes, a proxy's page)."""
+    if isinstance(found, dict) and isinstance(found.get("id"), str):
         return found
+    log.warning("the collector's answer is not a control request: %.200r", found)
+    return None
 
 
 @dataclass(kw_only=True)

@@ -11,6 +11,7 @@ requests and acknowledgements are in the collector.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +147,11 @@ def test_stacks_of_ranks_that_do_not_answer_fall_back_to_the_pod_exec(
         assert sorted(out) == [0, 1] and all(
             t.startswith("py-spy of train-workers") for t in out.values()
         )
+
+
+def test_a_job_whose_ranks_never_reported_is_not_waited_for(collector: TestClient) -> None:
+    control = CollectorControl(url="http://testserver", job_id="unknown", client=collector)
+    started = time.monotonic()
+    assert control.request(timeout_s=30.0) is False
+    assert control.stacks([0], timeout_s=0.2) == {}
+    assert time.monotonic() - started < 5.0
