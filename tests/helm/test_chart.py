@@ -106,7 +106,10 @@ BAD_VALUES = [
     ({"collector": {"replicas": 2}}, "/collector/replicas': value must be 1"),
     ({"collector": {"store": {"type": "postgres"}}}, "postgres/existingSecret': minLength"),
     ({"collector": {"store": {"type": "mysql"}}}, "value must be one of 'sqlite', 'postgres'"),
-    ({"controller": {"recovery": {"mode": "yolo"}}}, "value must be one of 'observe', 'act'"),
+    (
+        {"controller": {"recovery": {"mode": "yolo"}}},
+        "value must be one of 'observe', 'advise', 'act'",
+    ),
     ({"controller": {"recovery": {"breaker": {"maxFraction": 2}}}}, "breaker/maxFraction"),
     ({"agent": {"progressDir": "/tmp/vigil"}}, "/agent/progressDir"),
     ({"image": {"digest": "latest"}}, "/image/digest"),
@@ -570,3 +573,27 @@ def test_the_readmes_install_line_and_training_pod_lines_are_valid() -> None:
         for key in value.rstrip(".").split("."):
             assert key in node, f"README names {value}, values.yaml has no such key"
             node = node[key]
+
+
+def test_advise_mode_gets_the_write_roles_and_needs_the_collector() -> None:
+    """advise makes the same changes as act once a person approves them, so it needs the same
+    Roles; approvals go through the collector's API, so it is refused without one."""
+    values = {
+        "controller": {
+            "enabled": True,
+            "jobs": [{"jobset": "j", "namespace": "t"}],
+            "recovery": {"mode": "advise", "allowNamespaces": ["t"]},
+        }
+    }
+    rendered = chart.render(values)
+    roles = {o["metadata"]["name"] for o in rendered if o["kind"] == "Role"}
+    assert roles == {"vigil-controller-observe", "vigil-controller-act"}
+    (ctl,) = [
+        o
+        for o in rendered
+        if o["kind"] == "Deployment"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
+    ]
+    assert "--mode=advise" in pod_spec(ctl)["containers"][0]["args"]
+    with pytest.raises(helm.HelmRenderError, match="advise needs collector"):
+        chart.render({**values, "collector": {"enabled": False}})
