@@ -68,13 +68,15 @@ def test_user_loop_loses_at_most_a_step_to_a_kill_and_to_a_lost_node(tmp_path: P
     assert sources == {0: "local", 1: "local", 2: "peer", 3: "peer"}
     assert not (tmp_path / "shm" / "faulty").exists(), "a finished job's snapshots are freed"
     # Snapshot traffic (agreement, replication) runs on groups of its own, below the SDK: the
-    # job's collective records hold only its own: DDP's all-reduces and the drop fault's barrier.
+    # job's collective records hold only its own: DDP's all-reduces and the drop fault's barrier
+    # (recorded only when a rank that passed it flushed before the restart stopped it).
     recorded = {
         json.loads(line).get("op")
         for path in (faulty / "vigil" / "faulty").glob("rank-*.jsonl")
         for line in path.read_text().splitlines()
     }
-    assert recorded - {None} == {"ddp_all_reduce", "barrier"}
+    assert "ddp_all_reduce" in recorded
+    assert recorded - {None} <= {"ddp_all_reduce", "barrier"}, recorded
     # Every step was trained, each exactly once after the last time it was lost.
     final = {r["step"]: r for r in steps[0]}
     assert sorted(final) == list(range(STEPS))
@@ -87,23 +89,30 @@ def test_user_loop_loses_at_most_a_step_to_a_kill_and_to_a_lost_node(tmp_path: P
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_fsdp2_shards_come_back_from_the_peer_node(tmp_path: Path) -> None:
     """FSDP2 over 2 ranks on 2 nodes: node-1's memory is lost and its rank killed in step 3,
-    before its optimizer step (rank 0 finished step 3). Rank 1's shards come from node-0's
-    replica, and the step trained again gives rank 0 the same loss and shard as the first time."""
-    out = vigil_run(tmp_path, "fsdp", "0:1:3:drop", nproc=2, extra=("--wrapper", "fsdp"))
+    before its optimizer step. Rank 1's shards come from node-0's replica, and the job trained
+    from there gives rank 0 the same losses and shard as a run without the fault."""
+    fsdp = ("--wrapper", "fsdp")
+    out = vigil_run(tmp_path, "fsdp", "0:1:3:drop", nproc=2, extra=fsdp)
     steps, starts = records(out, "steps", 2), records(out, "starts", 2)
     assert [(s["attempt"], s["first_step"], s["source"]) for s in starts[1]] == [
         (0, 0, "scratch"),
         (1, 3, "peer"),
     ]
     assert steps_lost(steps, 0) == 0
-    first, again = (
-        next(r for r in steps[0] if r["step"] == 3 and r["attempt"] == a) for a in (0, 1)
-    )
-    assert again["loss"] == pytest.approx(first["loss"], rel=1e-6)
-    assert again["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
+    # Whether rank 0 recorded step 3 before the restart stopped it depends on timing; a run
+    # without the fault is the reference for every step the second attempt trained.
+    reference = {
+        r["step"]: r
+        for r in records(vigil_run(tmp_path, "fsdp-ref", nproc=2, extra=fsdp), "steps", 2)[0]
+    }
+    again = [r for r in steps[0] if r["attempt"] == 1]
+    assert [r["step"] for r in again] == list(range(3, STEPS))
+    for r in again:
+        assert r["loss"] == pytest.approx(reference[r["step"]]["loss"], rel=1e-6), r["step"]
+    assert again[-1]["checksum"] == pytest.approx(reference[STEPS - 1]["checksum"], rel=1e-6)
 
 
 def test_the_job_script_refuses_an_unknown_fault() -> None:
