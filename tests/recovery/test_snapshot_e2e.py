@@ -27,6 +27,7 @@ def vigil_run(
     out = tmp / name
     args = [sys.executable, "-m", "vigil", "run", "--nproc", str(nproc), "--nodes", "2",
             "--run-dir", str(tmp / f"{name}-run"), "--job", name,
+            "--output-dir", str(tmp / f"{name}-vigil"),
             "--snapshot-dir", str(tmp / "shm"), "--",
             sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS),
             # A step longer than a snapshot's write here, as real steps are (so none is
