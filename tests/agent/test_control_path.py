@@ -7,9 +7,6 @@ rank's own dump back with its acknowledgement."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,30 +15,13 @@ import httpx
 import pytest
 
 from tests.agent.conftest import free_port, poll_until
+from tests.support import processes
 from vigil.recovery.collector_link import CollectorControl
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
 JOB = "ctljob"
 NODES = ("node-a", "node-b")
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )  # fmt: skip
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def _healthy(url: str) -> bool:
@@ -64,7 +44,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     procs = [
-        _start(
+        processes.start(
             [
                 sys.executable,
                 "-m",
@@ -87,7 +67,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             pages, out = tmp_path / node / "pages", tmp_path / node / "out"
             out.mkdir(parents=True)
             procs.append(
-                _start(
+                processes.start(
                     [
                         sys.executable,
                         "-m",
@@ -113,7 +93,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 )
             )
             procs.append(
-                _start(
+                processes.start(
                     [
                         sys.executable,
                         str(HERE / "control_job.py"),
@@ -131,7 +111,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         yield url, tmp_path
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            processes.stop(proc)
 
 
 def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_through_the_api(

@@ -25,10 +25,8 @@ exposition (agent, synthetic agent, collector).
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -45,6 +43,7 @@ from tests.agent import conftest
 from tests.dashboards import promql, synthetic
 from tests.dashboards.prometheus import Prometheus
 from tests.realjobs import launch
+from tests.support import processes
 from vigil import api, codec, schema
 from vigil.collector.grafana import dashboards, rules
 
@@ -77,24 +76,6 @@ class Scene:
 
 def _value(series: dict[str, Any]) -> float:
     return float(series["value"][1])
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )  # fmt: skip
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def _post(url: str, body: bytes) -> int:
@@ -182,12 +163,12 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     base, pages, out = scene.base, scene.base / "pages", scene.base / "out"
     port, metrics_port = conftest.free_port(), conftest.free_port()
     scene.collector_url = url = f"http://127.0.0.1:{port}"
-    collector = _start(
+    collector = processes.start(
         [sys.executable, "-m", "vigil", "collector", "--host", "127.0.0.1", "--port", str(port),
          "--store", f"sqlite:///{base / 'collector.sqlite3'}"],
         base / "collector.log", {"VIGIL_DATA_DIR": str(base / "data")},
     )  # fmt: skip
-    agent = _start(
+    agent = processes.start(
         [sys.executable, "-m", "vigil", "agent", "--node", NODE, "--progress-dir", str(pages),
          "--output-dir", str(out), "--collector", url, "--metrics-port", str(metrics_port),
          "--poll-interval", "0.2", "--sample-interval", "1", "--no-nvml"],
@@ -238,8 +219,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         runner.join(200)
         prom.stop()
         gpus.close()
-        _stop(agent)
-        _stop(collector)
+        processes.stop(agent)
+        processes.stop(collector)
 
 
 def _healthy(url: str) -> bool:
