@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 cp -r vigil "$tree/vigil"
-for part in agent collector analyzer recovery trainer kernels; do
+for part in agent collector analyzer recovery trainer kernels integrations; do
   cp -r "$part" "$tree/vigil/$part"
 done
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +

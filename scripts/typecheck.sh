@@ -14,7 +14,7 @@ mkdir -p "$tree/vigil"
 for entry in vigil/*; do
   ln -s "$root/$entry" "$tree/vigil/"
 done
-for part in agent collector analyzer recovery trainer kernels; do
+for part in agent collector analyzer recovery trainer kernels integrations; do
   ln -s "$root/$part" "$tree/vigil/$part"
 done
 mkdir -p "$tree/tests"

@@ -17,6 +17,7 @@ SECTIONS = {
     "recovery": "Recovery",
     "trainer": "The trainer",
     "kernels": "Diagnostic kernels",
+    "integrations": "Integrations",
 }
 
 
