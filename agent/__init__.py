@@ -1,9 +1,10 @@
 """SDK hooks inside training processes and the per-node agent daemon.
 
-Training code uses `init`, `watch`, `step`, `span`, `on_control` and `shutdown` (see
-`vigil.agent.sdk`), and `snapshots` for per-step in-memory snapshots (`vigil.recovery.snapshots`,
-re-exported here). Importing `vigil.agent` imports neither torch nor starts anything: the SDK
-functions load on first use (PEP 562), so `vigil agent` runs on nodes without torch.
+Training code uses `init`, `watch`, `step`, `span`, `on_control`, `label_group` and `shutdown`
+(see `vigil.agent.sdk`), and `snapshots` for per-step in-memory snapshots
+(`vigil.recovery.snapshots`, re-exported here). Importing `vigil.agent` imports neither torch nor
+starts anything: the SDK functions load on first use (PEP 562), so `vigil agent` runs on nodes
+without torch.
 vigil.agent must not import vigil.collector (import-linter contract).
 """
 
@@ -15,13 +16,23 @@ from typing import TYPE_CHECKING, Any
 from vigil.agent.config import AgentConfig, SdkConfig, ShipperConfig
 
 if TYPE_CHECKING:
-    from vigil.agent.sdk import current, init, on_control, shutdown, span, step, watch
+    from vigil.agent.sdk import (
+        current,
+        init,
+        label_group,
+        on_control,
+        shutdown,
+        span,
+        step,
+        watch,
+    )
     from vigil.agent.session import Session, StepHandle
     from vigil.recovery.snapshots import Snapshots, snapshots
 
 _LAZY = {
     "current": "sdk",
     "init": "sdk",
+    "label_group": "sdk",
     "on_control": "sdk",
     "shutdown": "sdk",
     "span": "sdk",
@@ -42,6 +53,7 @@ __all__ = [
     "StepHandle",
     "current",
     "init",
+    "label_group",
     "on_control",
     "shutdown",
     "snapshots",

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from vigil import schema
-from vigil.agent import progress
+from vigil.agent import groups, progress
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,13 @@ class CollectiveRecorder:
         seqs = self._seqs.setdefault(name, itertools.count(1))
         site = self._sites[key] = _Site(name, op, seqs, overlapped=overlapped)
         return site
+
+    def forget_group(self, group: Any) -> None:
+        """Read `group`'s name again at its next op (its label changed). Ops already counted
+        keep the old name; the new name's sequence numbers start at 1 on every member."""
+        with self._lock:
+            for key in [k for k in self._sites if k[0] == id(group)]:
+                del self._sites[key]
 
     # -- the hot path ---------------------------------------------------------------------
     def begin(
@@ -336,15 +343,10 @@ def aggregate_records(
 
 
 def _describe_group(group: Any) -> str:
-    if group is None or group is dist.GroupMember.WORLD:
-        return "world"
-    # The user's description ("tp", "dp_shard") plus the group's id, unique among groups that
-    # share a description (each TP group of a job is "tp"); the same on every member rank.
-    desc = getattr(group, "group_desc", "")
-    ident = getattr(group, "group_name", "?")
-    if desc and desc not in ("undefined", "default_pg"):
-        return f"{desc}:{ident}"[:32]
-    return f"pg:{ident}"[:32]
+    # `<label>:<group_name>` (groups.py): the label says which parallel dimension ("tp", a
+    # DeviceMesh's "dp", one given by `label_group`), the id is unique among groups that share
+    # a label (each TP group of a job is "tp"); the same on every member rank.
+    return groups.describe(group)
 
 
 _DTYPE_BYTES: dict[torch.dtype, bytes] = {}  # torch.float32 -> b"float32", as the page stores it

@@ -2,6 +2,7 @@
 
     vigil.agent.init(job="gpt-7b")
     vigil.agent.watch(model, optimizer)
+    vigil.agent.label_group(my_tp_group, "tp")  # groups made by hand; DeviceMesh dims are named
     for i, batch in enumerate(loader):
         with vigil.agent.step(i, tokens=batch.numel()) as s:
             loss = train_step(batch)
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from vigil import schema
-from vigil.agent import config, session
+from vigil.agent import config, groups, session
 from vigil.env import EnvVar
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,26 @@ def span(name: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             manager.__exit__(None, None, None)
+
+
+def label_group(group: Any, label: str) -> None:
+    """Name a process group by what it is (`label_group(tp_group, "tp")`): its collectives are
+    then recorded as `<label>:<id>` and findings say "the tp group of node-3 (ranks 4-7)".
+
+    Call it with the same label on every member rank, before or after `init`, ideally before
+    the group's first collective (ops already recorded keep their old name). DeviceMesh groups
+    are labelled by their dimension names without it. Bad input is the caller's mistake and
+    raises: TypeError when `group` is not a ProcessGroup, ValueError for the default group or a
+    label that is empty, longer than 16 characters, holds characters other than letters,
+    digits, '_', '-', '.', or is reserved ('world', 'pg')."""
+    if not groups.set_label(group, label):
+        return
+    if _session is None:
+        return
+    try:
+        _session.recorder.forget_group(group)
+    except Exception as exc:
+        _session.count_error(exc)
 
 
 def on_control(kind: str, callback: Callable[[], Any]) -> None:

@@ -32,7 +32,7 @@ import msgspec
 
 from vigil import schema
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings
+from vigil.analyzer import findings, groups
 
 
 def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.HangConfig) -> float:
@@ -443,10 +443,12 @@ class HangTracker:
             shown = ", ".join(map(str, culprits.ranks[:8])) + (
                 "..." if len(culprits.ranks) > 8 else ""
             )
+            members = sorted(self._seqs.get(culprits.group, {}))
             summary = (
                 f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
-                f"#{culprits.seq} of group {culprits.group!r} that {culprits.num_waiting} rank(s) "
-                f"wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
+                f"#{culprits.seq} of group {culprits.group!r} "
+                f"({groups.describe(culprits.group, members)}) that {culprits.num_waiting} "
+                f"rank(s) wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
             )
             confidence = 0.95 if culprits.resolved and not late else 0.6
             if late:

@@ -4,7 +4,7 @@ but take much longer, step after step.
 A link's slowness is shared by everyone whose traffic crosses it, so it shows in the transfer
 time of the process groups that use it (attribution.py: the shortest member's duration, with
 nobody waited for), not in one rank's numbers. Groups of one kind (the same name before the
-last `:id`, e.g. the `mesh_dp` groups of a 2-D mesh, and the same op class and bytes per op) are
+last `:id`, e.g. the `dp` groups of a 2-D mesh, and the same op class and bytes per op) are
 compared each step: a group whose transfer is `link_ratio` x the median of the others, and
 longer by at least `min_excess` of the step, is flagged; `min_hits` of `window` steps make a
 finding, and the episode's median ratio must itself reach the bar (a group slow in a third of
@@ -30,6 +30,7 @@ from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import attribution, findings, robust
 from vigil.analyzer import config as config_mod
+from vigil.analyzer import groups as group_names
 
 # The bar for a group whose members all run on one host (see the module docstring): twice the
 # median ratio CPU contention alone produced there, below half a broken link's.
@@ -37,7 +38,8 @@ INTRA_HOST_RATIO = 3.0
 
 
 def group_kind(group: str) -> str:
-    """Groups compared with each other share this: the name without its last `:id`."""
+    """Groups compared with each other share this: the name without its last `:id`, i.e. the
+    group's label (`tp:7` -> `tp`; an older `mesh_tp:7` -> `mesh_tp`)."""
     head, sep, _ = group.rpartition(":")
     return head if sep else group
 
@@ -122,7 +124,9 @@ def _finding(
     where = (
         " <-> ".join(nodes) if links else ", ".join(nodes) or "ranks " + ", ".join(map(str, ranks))
     )
-    groups = sorted({a.agg_keys[int(keys[c])][0] for c in cols})
+    names = sorted({a.agg_keys[int(keys[c])][0] for c in cols})
+    member_nodes = [a.nodes[c] for c in who]
+    described = ", ".join(group_names.describe(n, ranks, member_nodes) for n in names)
     ops = sorted({a.agg_keys[int(keys[c])][1] for c in cols})
     ratio = observed / base if base > 0 else float("inf")
     return findings.make_finding(
@@ -132,7 +136,7 @@ def _finding(
         step_start=int(a.steps[first]),
         step_end=int(a.steps[last]),
         summary=(
-            f"slow link {where}: group {', '.join(groups)} ({', '.join(ops)}) moves its bytes "
+            f"slow link {where}: {described} ({', '.join(ops)}) moves its bytes "
             f"{ratio:.2f}x slower than its peer groups"
         ),
         evidence=[

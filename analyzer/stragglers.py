@@ -26,7 +26,7 @@ import numpy.typing as npt
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, robust
+from vigil.analyzer import findings, groups, robust
 
 Kind = schema.FindingKind
 
@@ -219,6 +219,7 @@ def rank_finding(
     }[kind]
     summary = (
         f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
+        + (_held_up(a, col) if kind is Kind.STRAGGLER else "")
     )
     return findings.make_finding(
         kind=kind,
@@ -238,6 +239,21 @@ def rank_finding(
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
     )
+
+
+def _held_up(a: arrays_mod.StepArrays, col: int) -> str:
+    """`; it holds up the tp group of node-1 (ranks 2, 3)`: the straggler's labelled groups."""
+    if a.aggs is None or not len(a.aggs) or not a.agg_keys:
+        return ""
+    members = groups.memberships(a.agg_keys, a.aggs.key.tolist(), a.aggs.col.tolist())
+    names = groups.of_member(members, col)
+    if not names:
+        return ""
+    described = [
+        groups.describe(n, [int(a.ranks[c]) for c in members[n]], [a.nodes[c] for c in members[n]])
+        for n in names
+    ]
+    return "; it holds up " + " and ".join(described)
 
 
 def _signal(a: arrays_mod.StepArrays, kind: schema.FindingKind) -> tuple[robust.FloatArray, str]:

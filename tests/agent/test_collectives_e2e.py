@@ -116,7 +116,7 @@ def test_dtensor_tensor_parallel_functional_collectives_are_recorded(run: Run) -
         assert [a.last_seq for a in aggs] == [1, 2, 3]
         (groups[rank],) = {a.group for a in aggs}
     assert groups[0] == groups[1] != groups[2] == groups[3]
-    assert groups[0].startswith("mesh_tp:")
+    assert groups[0].startswith("tp:")  # the DeviceMesh dimension's name
 
 
 def test_async_and_point_to_point_ops_complete_with_peer_groups(run: Run) -> None:

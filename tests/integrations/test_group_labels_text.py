@@ -1,0 +1,51 @@
+"""How findings name process groups (analyzer/groups.py): labels, nodes and rank spans."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil.analyzer import groups
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "nodes", "text"),
+    [
+        ("tp:7", [4, 5, 6, 7], ["node-3"] * 4, "the tp group of node-3 (ranks 4-7)"),
+        ("dp:9", [1, 3], ["node-0", "node-1"], "the dp group across node-0, node-1 (ranks 1, 3)"),
+        ("dp_cp:12", [0, 1, 2, 3, 8, 9, 10, 11], [], "the dp_cp group (ranks 0-3, 8-11)"),
+        ("mesh_tp:5", [0, 1], ["a", "a"], "the tp group of a (ranks 0, 1)"),  # older records
+        ("pg:3", [0, 2], [], "process group 3 (ranks 0, 2)"),
+        ("world", [0, 1, 2], [], "the world group (ranks 0-2)"),
+        ("pp:24:p2p:0-2", [0, 2], [], "the pp pair 0<->2"),
+        ("world:p2p:1-2", [1, 2], ["n1", "n2"], "the world pair 1<->2 across n1, n2"),
+        ("dp", [6], [], "the dp group (ranks 6)"),  # simulated jobs: a bare label
+    ],
+)
+def test_a_group_reads_as_its_dimension_nodes_and_ranks(
+    name: str, ranks: list[int], nodes: list[str], text: str
+) -> None:
+    assert groups.describe(name, ranks, nodes) == text
+
+
+def test_many_nodes_are_counted_not_listed() -> None:
+    nodes = [f"node-{i}" for i in range(6)]
+    assert groups.describe("dp:1", [0, 8, 16, 24, 32, 40], nodes) == (
+        "the dp group across node-0, node-1, node-2, node-3 and 2 more (ranks 0, 8, 16, 24, 32, 40)"
+    )
+
+
+def test_a_straggler_holds_up_its_labelled_groups_smallest_first() -> None:
+    keys = [("world", "all_reduce"), ("tp:3", "all_reduce"), ("dp:5", "all_reduce"),
+            ("tp:3:p2p:2-3", "p2p")]  # fmt: skip
+    # (key index, column) pairs as StepArrays.aggs holds them: 4 ranks in world, tp {2, 3},
+    # dp {1, 3}, a p2p pair.
+    rows = [(0, c) for c in range(4)] + [(1, 2), (1, 3), (2, 1), (2, 3), (3, 2), (3, 3)]
+    members = groups.memberships(keys, [k for k, _ in rows], [c for _, c in rows])
+    assert members == {
+        "world": {0, 1, 2, 3},
+        "tp:3": {2, 3},
+        "dp:5": {1, 3},
+        "tp:3:p2p:2-3": {2, 3},
+    }
+    assert groups.of_member(members, 3) == ["dp:5", "tp:3"]  # no world, no pair
+    assert groups.of_member(members, 0) == []
