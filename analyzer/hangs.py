@@ -446,8 +446,8 @@ class HangTracker:
             members = sorted(self._seqs.get(culprits.group, {}))
             summary = (
                 f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
-                f"#{culprits.seq} of group {culprits.group!r} "
-                f"({groups.describe(culprits.group, members)}) that {culprits.num_waiting} "
+                f"#{culprits.seq} of group {culprits.group!r}, "
+                f"{groups.describe(culprits.group, members)}, that {culprits.num_waiting} "
                 f"rank(s) wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
             )
             confidence = 0.95 if culprits.resolved and not late else 0.6
