@@ -1,0 +1,279 @@
+"""A user's Lightning job: a tiny GPT-style decoder on synthetic padded token batches, trained by
+a real `lightning.pytorch.Trainer` on CPU, with vigil added by one line (`VigilCallback`).
+
+Used by tests/integrations/test_lightning.py and by bench/integrations.py. Command line:
+
+    python tests/integrations/lightning_job.py --out DIR [--steps N] [--no-vigil]
+        [--strategy ddp|fsdp2|fsdp|fsdp-cpu] [--accelerator cpu|cuda] [--accumulate K]
+        [--nproc N] [--job NAME] [--seed S]
+        [--slow-rank R --slow-s SECONDS --slow-from STEP] [--request-checkpoint-at STEP]
+        [--collector URL] [--progress-dir DIR] [--also-jsonl]
+
+- Ranks: under a torchrun-like launcher (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+  MASTER_PORT set) it is one of WORLD_SIZE ranks; otherwise Lightning's own launcher starts
+  `--nproc` (default 2) processes running this script. Backend gloo, `OMP_NUM_THREADS` or one
+  intra-op thread per rank (nccl with `--accelerator cuda`).
+- `--strategy`: ddp (DDPStrategy), fsdp2 (ModelParallelStrategy with FSDP2 `fully_shard` of
+  each block and the root in `configure_model`: Lightning's FSDP that runs on CPU), fsdp
+  (FSDPStrategy, FSDP1: CUDA only) or fsdp-cpu (FSDPStrategy past Lightning's CPU refusal, to
+  show where torch stops it: `FSDP needs a non-CPU accelerator device`).
+- `--steps N`: optimizer steps (`max_steps`), each of `--accumulate K` micro-batches (default 1).
+- `--no-vigil`: the identical training without the callback (vigil is not imported at all).
+- `--out DIR`: `DIR/step_times.rank<R>.json` is the list of per-optimizer-step wall seconds (each
+  from the previous step's end, the first from the fit's start) measured by a plain Callback of
+  this job's own, independent of vigil; `DIR/job.rank<R>.json` holds what the job itself
+  counted per optimizer step (global step, tokens = attention-mask sum, loss) and the
+  checkpoints vigil saved; vigil's files go to `DIR/<job>/rank-NNNNN.jsonl` without a
+  collector (with `--collector URL`, also there when `--also-jsonl`); Lightning's checkpoints
+  under `DIR/checkpoints/`.
+- `--slow-rank R --slow-s S --slow-from STEP`: rank R sleeps S seconds in every `training_step`
+  from global step STEP on (a straggler).
+- `--request-checkpoint-at STEP`: once global step STEP is reached, rank 0 runs
+  `vigil agent --request checkpoint --job NAME --progress-dir DIR`, as an operator would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 128, 64, 4, 2, 32, 8
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(HIDDEN)
+        self.attn = nn.MultiheadAttention(HIDDEN, HEADS, batch_first=True)
+        self.norm2 = nn.LayerNorm(HIDDEN)
+        self.mlp = nn.Sequential(
+            nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN)
+        )
+
+    def forward(self, x: torch.Tensor, causal: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, attn_mask=causal, key_padding_mask=pad, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(pl.LightningModule):
+    """Token and position embeddings, LAYERS pre-norm blocks, an untied output head."""
+
+    def __init__(self, *, slow_rank: int, slow_s: float, slow_from: int, lr: float = 3e-3):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, HIDDEN)
+        self.pos = nn.Embedding(SEQ, HIDDEN)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.slow_rank, self.slow_s, self.slow_from, self.lr = slow_rank, slow_s, slow_from, lr
+        self.step_tokens = 0  # the job's own count, per optimizer step (read by StepLog)
+        self.step_losses: list[float] = []
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        causal = torch.triu(torch.full((t, t), float("-inf"), device=ids.device), diagonal=1)
+        x = self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
+        pad = mask == 0
+        for block in self.blocks:
+            x = block(x, causal, pad)
+        return self.head(self.norm(x))  # type: ignore[no-any-return]
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_rank == self.slow_rank and self.global_step >= self.slow_from:
+            time.sleep(self.slow_s)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        logits = self(ids, mask)
+        target_mask = mask[:, 1:].float()
+        losses = nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none"
+        )
+        loss = (losses * target_mask.reshape(-1)).sum() / target_mask.sum()
+        self.step_tokens += int(mask.sum())
+        self.step_losses.append(float(loss.detach()))
+        return loss
+
+    def configure_model(self) -> None:
+        """FSDP2 under ModelParallelStrategy (`--strategy fsdp2`): each block, then the root."""
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+class PaddedTokens(Dataset[dict[str, torch.Tensor]]):
+    """Sample i: SEQ token ids and a mask of 1s for its first SEQ/2..SEQ positions (the rest
+    padding), a pure function of (seed, i)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed = size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=g)
+        length = int(torch.randint(SEQ // 2, SEQ + 1, (1,), generator=g))
+        mask = (torch.arange(SEQ) < length).long()
+        return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+class StepLog(pl.Callback):
+    """The job's own record, independent of vigil: per optimizer step its wall time, tokens and
+    loss; rank 0 also sends the operator's checkpoint request when asked to."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.times: list[float] = []
+        self.steps: list[dict[str, Any]] = []
+        self.last = 0.0
+        self.seen = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.last = time.perf_counter()
+        self.seen = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.seen:
+            return  # a micro-batch that did not step
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last, self.seen = now, trainer.global_step
+        losses = module.step_losses
+        self.steps.append(
+            {
+                "global_step": trainer.global_step - 1,  # the value training_step saw
+                "tokens": module.step_tokens,
+                "loss": sum(losses) / len(losses),
+            }
+        )
+        module.step_tokens, module.step_losses = 0, []
+        at = self.args.request_checkpoint_at
+        if at is not None and trainer.global_step == at and trainer.global_rank == 0:
+            request = [sys.executable, "-m", "vigil", "agent", "--request", "checkpoint"]
+            request += ["--job", self.args.job, "--progress-dir", self.args.progress_dir]
+            subprocess.run(request, check=True, timeout=60, capture_output=True)
+
+
+def _strategy(name: str, backend: str) -> Any:
+    if name == "ddp":
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(process_group_backend=backend)
+    if name in ("fsdp", "fsdp-cpu"):
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if name == "fsdp":  # as users write it: Lightning accepts it on CUDA only
+            return FSDPStrategy(process_group_backend=backend, state_dict_type="full")
+
+        class CpuFSDPStrategy(FSDPStrategy):
+            """FSDPStrategy, unchanged: Lightning's accelerator connector refuses
+            `type(strategy) is FSDPStrategy` without a CUDA accelerator (an exact-type check,
+            lightning/pytorch/trainer/connectors/accelerator_connector.py,
+            `_check_strategy_and_fallback`), not FSDP itself, which runs on gloo."""
+
+        return CpuFSDPStrategy(process_group_backend=backend, state_dict_type="full")
+    if name == "fsdp2":
+        return ModelParallelStrategy(
+            data_parallel_size=int(os.environ.get("WORLD_SIZE", "2")),
+            tensor_parallel_size=1,
+            process_group_backend=backend,
+        )
+    raise SystemExit(f"unknown strategy {name!r} (ddp or fsdp)")
+
+
+def _callbacks(args: argparse.Namespace, log: StepLog) -> list[pl.Callback]:
+    if args.no_vigil:
+        return [log]
+    from vigil import schema
+    from vigil.integrations.lightning import VigilCallback
+
+    options: dict[str, Any] = {"output_dir": args.out, "progress_dir": args.progress_dir}
+    if args.collector:
+        options.update(collector=args.collector, also_jsonl=args.also_jsonl)
+    else:
+        options["collector"] = None
+    shape = schema.ModelShape(params=0, layers=LAYERS, hidden=HIDDEN, heads=HEADS, seq_len=SEQ)
+    vigil_cb = VigilCallback(job=args.job, model_shape=shape, peak_flops=1e11, **options)
+    return [log, vigil_cb]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--no-vigil", action="store_true")
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--job", default="lightning-job")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-s", type=float, default=0.0)
+    parser.add_argument("--slow-from", type=int, default=0)
+    parser.add_argument("--request-checkpoint-at", type=int, default=None)
+    parser.add_argument("--collector", default=None)
+    parser.add_argument("--also-jsonl", action="store_true")
+    parser.add_argument("--progress-dir", default="/dev/shm/vigil")
+    args = parser.parse_args()
+    if args.steps < 1 or args.accumulate < 1 or args.nproc < 1:
+        parser.error("--steps, --accumulate and --nproc must be >= 1")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    external = os.environ.get("WORLD_SIZE")
+    devices = int(external) if external else args.nproc
+    pl.seed_everything(args.seed, verbose=False)
+    module = TinyGPT(slow_rank=args.slow_rank, slow_s=args.slow_s, slow_from=args.slow_from)
+    samples = args.steps * args.accumulate * BATCH * devices
+    loader = DataLoader(PaddedTokens(samples, args.seed), batch_size=BATCH)
+    log = StepLog(args)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=devices,
+        strategy=_strategy(args.strategy, "nccl" if args.accelerator == "cuda" else "gloo"),
+        max_steps=args.steps,
+        accumulate_grad_batches=args.accumulate,
+        callbacks=_callbacks(args, log),
+        default_root_dir=args.out,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, loader)
+    out = Path(args.out)
+    rank = trainer.global_rank
+    (out / f"step_times.rank{rank}.json").write_text(json.dumps(log.times))
+    saved = [str(p) for cb in trainer.callbacks for p in getattr(cb, "checkpoints", [])]
+    record = {"steps": log.steps, "global_step": trainer.global_step, "checkpoints": saved}
+    record["finite"] = all(math.isfinite(s["loss"]) for s in log.steps)
+    (out / f"job.rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
