@@ -1,0 +1,585 @@
+"""A simulated job as its ranks would observe it, recorded through the SDK's own code.
+
+Unlike `simulator.py` (which writes the analyzer's measurement model straight into arrays), this
+module models what happens and lets the SDK measure it:
+
+- each rank computes (a per-rank speed, a per-step job-wide swing, per rank-step jitter,
+  one-off hiccups, bursts of CPU load; faults add time in one position: before forward, in
+  forward, in backward, in the optimizer step, or in data loading inside `span("data")`);
+- collectives are synchronous: an op completes on every member at the last member's arrival
+  plus its transfer time (jittered per op, slower through a faulty NIC) plus a small per-member
+  completion skew; DDP's gradient buckets run behind backward and are waited for at its end,
+  tensor-parallel all-reduces and the data-parallel all-reduce block, a pipeline (GPipe order,
+  `microbatches` per step) sends and receives between stages;
+- every rank has its host's clocks: a monotonic clock with its own origin and a wall clock off
+  true time by the host's offset; heartbeats go out once per flush interval, some are lost.
+
+Each rank's ops (enqueue and completion on its own monotonic clock) are replayed into a real
+`vigil.agent.collectives.CollectiveRecorder` (fake groups, a fake clock; no process group is
+needed), and each step's records are built by the SDK's own `vigil.agent.background.Background
+.settle` from what the recorder kept. Heartbeats carry what the rank's progress page would say
+at their instant (last step, last collective entered, state). So the analyzer sees what it
+would see from real ranks, not the quantities it assumes.
+
+A hang stops its rank at a position in one step: the rank's time becomes infinite there, and so
+does every op that waits for it, transitively (no other rule decides who is stuck).
+
+Test support only (it imports the SDK, which imports torch): no I/O, no real clocks, seeded.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from vigil import schema
+from vigil.agent import background, collectives, config, sinks
+from vigil.agent import mfu as mfu_mod
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+PEAK_FLOPS = 1e15
+FLOPS_PER_TOKEN = 6 * 7e9  # a 7B model
+T0 = 1.8e9  # true time of the job's start (a wall-clock instant)
+_ONE_BYTE = torch.empty(1, dtype=torch.uint8)  # an op's bytes: this x `scale_bytes`
+
+
+class Position(enum.StrEnum):
+    BEFORE = "before"  # before the forward pass (a sleep, a host-side stall)
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    DATA = "data"  # inside span("data")
+
+
+class FaultKind(enum.StrEnum):
+    STRAGGLER = "straggler"  # `factor` x the rank's compute time, added at `position`
+    HANG = "hang"  # the rank stops at `position` of `start_step`
+    SLOW_LINK = "slow_link"  # the rank's NIC: its inter-node groups move bytes `factor` x slower
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    kind: FaultKind
+    rank: int
+    start_step: int
+    factor: float = 2.0
+    position: Position = Position.BEFORE
+    every: int = 1  # intermittent: only every `every`-th step from `start_step`
+    ramp: float = 0.0  # > 0: the extra grows by `ramp` x compute each step (factor ignored)
+
+    def __post_init__(self) -> None:
+        if self.factor < 1.0 or self.every < 1 or self.ramp < 0 or self.start_step < 0:
+            raise ValueError("fault factor must be >= 1, every >= 1, ramp and start_step >= 0")
+
+    def extra(self, step: int, compute_s: float) -> float:
+        """Extra seconds of a straggler at `step` (0 before it starts and between its steps)."""
+        k = step - self.start_step
+        if k < 0 or k % self.every:
+            return 0.0
+        if self.ramp > 0:
+            return compute_s * self.ramp * (k + 1)
+        return compute_s * (self.factor - 1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """A simulated job: layout, step mix, timings, noise and faults."""
+
+    job_id: str = "obs"
+    tp: int = 1
+    dp: int = 8
+    pp: int = 1
+    ranks_per_node: int = 8
+    ddp: bool = True  # the dp gradient all-reduce in buckets behind backward (pp = tp = 1)
+    layers: int = 4  # tp all-reduces per forward and per backward
+    buckets: int = 4
+    microbatches: int = 4
+    num_steps: int = 40
+    compute_s: float = 0.6  # forward + backward + optimizer at nominal speed
+    data_s: float = 0.02
+    tp_transfer_s: float = 0.004
+    dp_transfer_s: float = 0.08  # all buckets together
+    p2p_transfer_s: float = 0.01
+    transfer_jitter: float = 0.05  # lognormal sigma per op
+    completion_skew_s: float = 2e-4  # mean per-member lag behind the op's common end
+    rank_spread: float = 0.01
+    step_swing: float = 0.03
+    jitter: float = 0.05  # per rank-step: uniform in +-jitter
+    hiccup_rate: float = 0.002  # per rank-step: 1.5-3x that step's compute
+    load_bursts: int = 0  # job-wide CPU load: bursts of 3-6 steps, every rank up to 1.4x
+    clock_offset_s: float = 0.005  # sigma of hosts' wall-clock offsets
+    heartbeat_interval_s: float = 1.0
+    heartbeat_loss: float = 0.05
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.tp, self.dp, self.pp, self.ranks_per_node, self.layers) < 1:
+            raise ValueError("tp, dp, pp, ranks_per_node and layers must be >= 1")
+        if self.ddp and (self.tp > 1 or self.pp > 1):
+            raise ValueError("ddp buckets need tp = pp = 1 (use ddp=False for a 3-D layout)")
+        if min(self.buckets, self.microbatches, self.num_steps) < 1:
+            raise ValueError("buckets, microbatches and num_steps must be >= 1")
+        if len([f for f in self.faults if f.kind is FaultKind.HANG]) > 1:
+            raise ValueError("at most one hang per job")
+        for f in self.faults:
+            if not 0 <= f.rank < self.num_ranks:
+                raise ValueError(f"fault rank {f.rank} outside 0..{self.num_ranks - 1}")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangTruth:
+    rank: int
+    step: int
+    onset_s: float  # true time the rank stopped
+
+
+class _Group:
+    """Stands in for a ProcessGroup: the recorder names it from these two attributes."""
+
+    def __init__(self, desc: str, name: str) -> None:
+        self.group_desc, self.group_name = desc, name
+
+
+@dataclass
+class _Op:
+    """One op instance on a batch of ranks (true seconds; inf: never happened)."""
+
+    ranks: I64
+    begin: F64
+    end: F64
+    groups: list[Any]  # per member
+    op: str
+    nbytes: int
+    blocking: bool
+    overlapped: bool = False
+
+
+@dataclass
+class _RankLog:
+    """What a rank's progress page would show over time: its ops and its steps."""
+
+    op_begin: list[float] = field(default_factory=list)
+    op_end: list[float] = field(default_factory=list)
+    op_where: list[tuple[str, int, str, bool]] = field(default_factory=list)
+    step_end: list[float] = field(default_factory=list)
+    data_spans: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Sdk:
+    """One rank's SDK parts: the recorder, the flusher's half, the fake clock they read."""
+
+    recorder: collectives.CollectiveRecorder
+    flusher: background.Background
+    now: list[float]
+    ended: collections.deque[background.EndedStep]
+    queue: sinks.RecordQueue
+
+
+class _Layout:
+    """Ranks (Megatron order: tp fastest, pp slowest), their groups and p2p pairs."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        tp, dp, pp = cfg.tp, cfg.dp, cfg.pp
+        grid = np.arange(cfg.num_ranks, dtype=np.int64).reshape(pp, dp, tp)
+        self.stage = [grid[s].reshape(-1) for s in range(pp)]
+        self.tp_groups = grid.reshape(pp * dp, tp) if tp > 1 else None
+        self.dp_groups = grid.transpose(0, 2, 1).reshape(pp * tp, dp) if dp > 1 else None
+        world = tp == pp == 1
+        self.tp_objs = [_Group("tp", str(i)) for i in range(pp * dp)]
+        self.dp_objs = [None if world else _Group("dp", str(100 + i)) for i in range(pp * tp)]
+        self.pairs: dict[tuple[int, int], _Group] = {}
+        for s in range(pp - 1):
+            for lo, hi in zip(self.stage[s].tolist(), self.stage[s + 1].tolist(), strict=True):
+                # As the recorder names a pair of a labelled pp group (`pp:<id>:p2p:<lo>-<hi>`):
+                # its peer naming calls dist.get_rank(), which needs a process group.
+                self.pairs[(lo, hi)] = _Group("pp", f"{200 + s}:p2p:{lo}-{hi}")
+        self.nodes = np.arange(cfg.num_ranks) // cfg.ranks_per_node
+
+
+class Job:
+    """Runs a `JobConfig` step by step; `records()` and `heartbeats()` give what it shipped."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        self.cfg = cfg
+        n = cfg.num_ranks
+        self.rng = np.random.default_rng(cfg.seed)
+        self.layout = _Layout(cfg)
+        num_nodes = int(self.layout.nodes.max()) + 1
+        self.wall_offset = self.rng.normal(0.0, cfg.clock_offset_s, num_nodes)
+        self.mono_origin = self.rng.uniform(1e3, 1e6, num_nodes)
+        self.speed = self.rng.lognormal(0.0, cfg.rank_spread, n)
+        self.t = np.full(n, T0)  # true time, per rank
+        self.logs = [_RankLog() for _ in range(n)]
+        self.records: list[schema.Record] = []  # identity (Job, RankInfo)
+        # (true time it reached the collector, records): each rank's step records and
+        # aggregates, shipped at its flusher's next tick after the step's end.
+        self.shipped: list[tuple[float, list[schema.Record]]] = []
+        self._ship_lag = self.rng.uniform(0.0, cfg.heartbeat_interval_s, n)
+        self.hang: HangTruth | None = None
+        self.slow_nic = {f.rank: f for f in cfg.faults if f.kind is FaultKind.SLOW_LINK}
+        self._loaded = self._load_steps()
+        self._sdk = [self._rank_sdk(r) for r in range(n)]
+        self.records.extend(self._identity())
+        self.steps_done = 0
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _load_steps(self) -> set[int]:
+        steps: set[int] = set()
+        for _ in range(self.cfg.load_bursts):
+            start = int(self.rng.integers(0, self.cfg.num_steps))
+            steps.update(range(start, start + int(self.rng.integers(3, 7))))
+        return steps
+
+    def _host(self, rank: int) -> tuple[float, float]:
+        node = int(self.layout.nodes[rank])
+        return float(self.mono_origin[node]), float(self.wall_offset[node])
+
+    def _rank_sdk(self, rank: int) -> _Sdk:
+        mono, wall = self._host(rank)
+        now = [0.0]
+        rec = collectives.CollectiveRecorder(
+            page=None, on_error=_raise, clock=lambda: now[0], wall_offset_s=T0 + wall - mono
+        )
+        sdk_cfg = config.SdkConfig(
+            job=self.cfg.job_id, rank=rank, world_size=self.cfg.num_ranks,
+            progress_dir=Path("/nonexistent"), measure_cpu_peak=False,
+        )  # fmt: skip
+        queue, ended = sinks.RecordQueue(1 << 20), collections.deque[background.EndedStep]()
+        bg = background.Background(
+            cfg=sdk_cfg, queue=queue, recorder=rec,
+            page_path=Path("/nonexistent"), ended=ended,
+            clock=lambda: now[0], wall_offset_s=T0 + wall - mono,
+            flops_per_token=lambda: FLOPS_PER_TOKEN, cuda_device=lambda: None,
+            write_health=lambda: None, dump_evidence=lambda _reason: None,
+        )  # fmt: skip
+        bg.peak_memory_bytes = 40 << 30  # the device's, as the flusher reads it (not ours)
+        return _Sdk(rec, bg, now, ended, queue)
+
+    def _identity(self) -> list[schema.Record]:
+        cfg = self.cfg
+        layout = schema.ParallelLayout(dp=cfg.dp, tp=cfg.tp, pp=cfg.pp)
+        out: list[schema.Record] = [
+            schema.Job(
+                job_id=cfg.job_id, world_size=cfg.num_ranks, layout=layout, peak_flops=PEAK_FLOPS
+            )
+        ]
+        out.extend(
+            schema.RankInfo(
+                job_id=cfg.job_id, rank=r, node=self.node_name(r),
+                local_rank=r % cfg.ranks_per_node, device_uuid=f"GPU-{r:08d}",
+            )
+            for r in range(cfg.num_ranks)
+        )  # fmt: skip
+        return out
+
+    def node_name(self, rank: int) -> str:
+        return f"node{int(self.layout.nodes[rank]):04d}"
+
+    # -- the model --------------------------------------------------------------------------
+    def _compute(self, step: int) -> F64:
+        cfg, rng, n = self.cfg, self.rng, self.cfg.num_ranks
+        swing = rng.lognormal(0.0, cfg.step_swing)
+        c = cfg.compute_s * swing * self.speed * (1.0 + rng.uniform(-cfg.jitter, cfg.jitter, n))
+        hiccup = rng.random(n) < cfg.hiccup_rate
+        c[hiccup] *= rng.uniform(1.5, 3.0, int(hiccup.sum()))
+        if step in self._loaded:
+            c *= rng.uniform(1.0, 1.4, n)
+        return c
+
+    def _transfer(self, base_s: float, groups: I64) -> F64:
+        """Per group (rows of member ranks): one op's transfer time."""
+        t = base_s * self.rng.lognormal(0.0, self.cfg.transfer_jitter, (groups.shape[0],))
+        for rank, fault in self.slow_nic.items():
+            crosses = (self.layout.nodes[groups] != self.layout.nodes[groups[:, :1]]).any(axis=1)
+            hit = (groups == rank).any(axis=1) & crosses
+            t[hit] *= fault.factor if self.steps_done >= fault.start_step else 1.0
+        return t
+
+    def _skew(self, shape: tuple[int, ...]) -> F64:
+        return self.rng.exponential(self.cfg.completion_skew_s, shape)
+
+    def _collective(
+        self, ops: list[_Op], members: I64, objs: list[Any], op: str, nbytes: int, base_s: float
+    ) -> None:
+        """A blocking collective over each row of `members`."""
+        arrive = self.t[members]
+        end = arrive.max(axis=1, keepdims=True) + self._transfer(base_s, members)[:, None]
+        end = end + self._skew(members.shape)
+        groups = [objs[g] for g in range(members.shape[0]) for _ in range(members.shape[1])]
+        ops.append(_Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups, op,
+                       nbytes, blocking=True))  # fmt: skip
+        self.t[members] = end
+
+    def _p2p(self, ops: list[_Op], src: I64, dst: I64, sent: F64, nbytes: int) -> None:
+        """Blocking send (issued at `sent`) from each `src` to its `dst`, which receives now."""
+        recv_at = self.t[dst]
+        pairs = np.stack([src, dst], axis=1)
+        done = np.maximum(sent, recv_at) + self._transfer(self.cfg.p2p_transfer_s, pairs)
+        objs = [self.layout.pairs[(min(a, b), max(a, b))] for a, b in pairs.tolist()]
+        end_src, end_dst = done + self._skew(done.shape), done + self._skew(done.shape)
+        ops.append(_Op(src, sent, end_src, objs, "send", nbytes, blocking=True))
+        ops.append(_Op(dst, recv_at, end_dst, objs, "recv", nbytes, blocking=True))
+        self.t[src], self.t[dst] = end_src, end_dst
+
+    def _stop(self, rank: int, step: int) -> None:
+        if self.hang is None and np.isfinite(self.t[rank]):
+            self.hang = HangTruth(rank=rank, step=step, onset_s=float(self.t[rank]))
+        self.t[rank] = np.inf
+
+    def step(self) -> None:
+        """Simulate one step on every rank and record it through the SDK."""
+        with np.errstate(invalid="ignore"):  # inf - inf where a hung rank's phases would be
+            self._step()
+
+    def _step(self) -> None:
+        cfg, lay, i = self.cfg, self.layout, self.steps_done
+        n = cfg.num_ranks
+        compute = self._compute(i)
+        extra = {p: np.zeros(n) for p in Position}
+        hang = next((f for f in cfg.faults if f.kind is FaultKind.HANG and f.start_step == i), None)
+        stop_at = hang.position if hang is not None else None
+        for f in cfg.faults:
+            if f.kind is FaultKind.STRAGGLER:
+                extra[f.position][f.rank] += f.extra(i, cfg.compute_s * float(self.speed[f.rank]))
+        ops: list[_Op] = []
+        start = self.t.copy()
+        if hang is not None and stop_at is Position.DATA:
+            self._stop(hang.rank, i)
+        self.t = self.t + cfg.data_s * self.rng.lognormal(0.0, 0.1, n) + extra[Position.DATA]
+        data_end = self.t.copy()
+        if hang is not None and stop_at in (Position.BEFORE, Position.FORWARD):
+            self._stop(hang.rank, i)
+        self.t += extra[Position.BEFORE]
+        chunks = cfg.layers * cfg.microbatches
+        fwd_start = self.t.copy()
+        self._passes(ops, (compute / 3 + extra[Position.FORWARD]) / chunks, forward=True)
+        fwd_end = self.t.copy()
+        bwd_total = compute * 0.6 + extra[Position.BACKWARD]
+        if hang is not None and stop_at is Position.BACKWARD:  # halfway through its backward
+            self.t[hang.rank] += bwd_total[hang.rank] / 2
+            self._stop(hang.rank, i)
+        if cfg.ddp:
+            self._ddp_backward(ops, bwd_total)
+        else:
+            self._passes(ops, bwd_total / chunks, forward=False)
+            if lay.dp_groups is not None:
+                self._collective(ops, lay.dp_groups, lay.dp_objs, "all_reduce", 1 << 26,
+                                 cfg.dp_transfer_s)  # fmt: skip
+        bwd_end = self.t.copy()
+        if hang is not None and stop_at is Position.OPTIMIZER:
+            self._stop(hang.rank, i)
+        self.t += compute * (1 - 1 / 3 - 0.6) + extra[Position.OPTIMIZER]
+        phases = (fwd_end - fwd_start, bwd_end - fwd_end, self.t - bwd_end)
+        self._record(i, ops, start, data_end, phases)
+        self.steps_done += 1
+
+    def _passes(self, ops: list[_Op], chunk: F64, *, forward: bool) -> None:
+        """Forward (or backward) over every micro-batch and stage, layer by layer."""
+        cfg, lay = self.cfg, self.layout
+        stages = range(cfg.pp) if forward else range(cfg.pp - 1, -1, -1)
+        step_dir = 1 if forward else -1
+        sent: dict[int, F64] = {}
+        for _m in range(cfg.microbatches):
+            for s in stages:
+                here = lay.stage[s]
+                prev = s - step_dir
+                if 0 <= prev < cfg.pp and prev in sent:
+                    self._p2p(ops, lay.stage[prev], here, sent.pop(prev), 1 << 22)
+                for _layer in range(cfg.layers):
+                    self.t[here] += chunk[here]
+                    if lay.tp_groups is not None:
+                        rows = lay.tp_groups[s * cfg.dp : (s + 1) * cfg.dp]
+                        objs = lay.tp_objs[s * cfg.dp : (s + 1) * cfg.dp]
+                        self._collective(ops, rows, objs, "all_reduce", 1 << 20, cfg.tp_transfer_s)
+                if 0 <= s + step_dir < cfg.pp:
+                    sent[s] = self.t[here].copy()  # blocked in its send until the peer receives
+
+    def _ddp_backward(self, ops: list[_Op], bwd: F64) -> None:
+        """`bwd`: each rank's whole backward compute."""
+        # Backward in `buckets` chunks, each launching an all-reduce that overlaps the rest;
+        # backward ends when its own compute and the last bucket are done.
+        cfg, lay = self.cfg, self.layout
+        members = lay.dp_groups
+        chunk = bwd / cfg.buckets
+        prev_end = np.full(1 if members is None else members.shape[0], -np.inf)
+        last_end = None
+        for _b in range(cfg.buckets):
+            self.t += chunk
+            if members is None:
+                continue
+            arrive = self.t[members]
+            begin = np.maximum(arrive.max(axis=1), prev_end)
+            done = begin + self._transfer(cfg.dp_transfer_s / cfg.buckets, members)
+            prev_end = done
+            end = done[:, None] + self._skew(members.shape)
+            groups = [
+                lay.dp_objs[g] for g in range(members.shape[0]) for _ in range(members.shape[1])
+            ]
+            ops.append(_Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups,
+                           "ddp_all_reduce", 1 << 24, blocking=False, overlapped=True))  # fmt: skip
+            last_end = end
+        if members is not None and last_end is not None:
+            self.t[members] = np.maximum(self.t[members], last_end)
+
+    # -- through the SDK ----------------------------------------------------------------------
+    def _record(
+        self,
+        step: int,
+        ops: list[_Op],
+        start: F64,
+        data_end: F64,
+        phases: tuple[F64, F64, F64],
+    ) -> None:
+        per_rank: list[list[tuple[float, int, int, _Op]]] = [[] for _ in range(self.cfg.num_ranks)]
+        for k, op in enumerate(ops):
+            for j, (r, b, e) in enumerate(
+                zip(op.ranks.tolist(), op.begin.tolist(), op.end.tolist(), strict=True)
+            ):
+                per_rank[r].append((b, 1, k * 1_000_000 + j, op))
+                per_rank[r].append((e, 0, k * 1_000_000 + j, op))
+        for r in range(self.cfg.num_ranks):
+            self._replay(r, step, per_rank[r], start, data_end, phases)
+
+    def _replay(
+        self,
+        r: int,
+        step: int,
+        events: list[tuple[float, int, int, _Op]],
+        start: F64,
+        data_end: F64,
+        phases: tuple[F64, F64, F64],
+    ) -> None:
+        sdk = self._sdk[r]
+        rec, now = sdk.recorder, sdk.now
+        mono, _wall = self._host(r)
+        log = self.logs[r]
+        rec.step = step
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        pending: dict[int, tuple[Any, int]] = {}
+        for t, is_begin, key, op in events:
+            if not np.isfinite(t):
+                break
+            now[0] = t - T0 + mono
+            j = key % 1_000_000
+            if is_begin:
+                p = rec.begin(op.op, op.groups[j], _ONE_BYTE, None, blocking=op.blocking,
+                              scale_bytes=op.nbytes, overlapped=op.overlapped)  # fmt: skip
+                pending[key] = (p, len(log.op_begin))
+                log.op_begin.append(t)
+                log.op_end.append(np.inf)
+                log.op_where.append((p.site.group, p.seq, op.op, op.blocking))
+            elif key in pending:
+                p, index = pending.pop(key)
+                rec.finish(p, sync=op.blocking)
+                log.op_end[index] = t
+        end = float(self.t[r])
+        log.data_spans.append((float(start[r]), float(data_end[r])))
+        if not np.isfinite(end):
+            return  # the step never ended: no record (its ops stay in the recorder)
+        now[0] = end - T0 + mono
+        aggs, blocked, _total = rec.swap()
+        seconds = end - float(start[r])
+        tokens = 4096
+        util = mfu_mod.mfu(flops_per_token=FLOPS_PER_TOKEN, tokens=tokens, seconds=seconds,
+                           peak_flops=PEAK_FLOPS)  # fmt: skip
+        s0 = float(start[r]) - T0 + mono
+        sdk.ended.append(
+            background.EndedStep(
+                step, s0, now[0], tokens, 2.0, float(phases[0][r]), float(phases[1][r]),
+                float(phases[2][r]), blocked, aggs, {"data": float(data_end[r] - start[r])}, util,
+            )
+        )  # fmt: skip
+        sdk.flusher.settle()
+        self.shipped.append((end + float(self._ship_lag[r]), sdk.queue.drain()))
+        log.step_end.append(end)
+
+    # -- what the collector receives ----------------------------------------------------------
+    def run(self) -> None:
+        """Every step, or until a hang stops the job."""
+        while self.steps_done < self.cfg.num_steps:
+            self.step()
+            if self.hang is not None:  # the ranks that got through go on, into the next step
+                if self.steps_done < self.cfg.num_steps:
+                    self.step()
+                return
+
+    def heartbeat(self, rank: int, true_s: float) -> schema.Heartbeat:
+        """What rank's flusher would send at `true_s`, read off its progress page."""
+        log = self.logs[rank]
+        last_step = int(np.searchsorted(log.step_end, true_s, side="right")) - 1
+        k = int(np.searchsorted(log.op_begin, true_s, side="right")) - 1
+        group, seq, op, state = "", 0, "", schema.RankState.COMPUTE
+        if k >= 0:
+            group, seq, op, blocking = log.op_where[k]
+            if blocking and log.op_end[k] > true_s:
+                state = schema.RankState.IN_COLLECTIVE
+        spans = log.data_spans
+        if spans and last_step + 1 < len(spans):
+            s0, s1 = spans[last_step + 1]
+            if s0 <= true_s < s1 or (s0 <= true_s and not np.isfinite(s1)):
+                state = schema.RankState.DATA
+        _mono, wall = self._host(rank)
+        return schema.Heartbeat(
+            job_id=self.cfg.job_id, rank=rank, time_s=true_s + wall, last_step=last_step,
+            last_group=group, last_seq=seq, last_op=op, state=state,
+        )  # fmt: skip
+
+    def heartbeats(self, start_s: float, end_s: float) -> Iterator[tuple[float, schema.Heartbeat]]:
+        """(true send time, heartbeat) of every rank's flusher ticks in [start_s, end_s), time
+        ordered; each is lost with probability `heartbeat_loss`."""
+        cfg = self.cfg
+        interval = cfg.heartbeat_interval_s
+        phase = np.random.default_rng(cfg.seed + 1).uniform(0, interval, cfg.num_ranks)
+        lost = np.random.default_rng(cfg.seed + 2)
+        first = np.floor((start_s - phase) / interval) + 1
+        ticks = []
+        for r in range(cfg.num_ranks):
+            for k in itertools.count(int(first[r])):
+                t = float(phase[r] + k * interval)
+                if t >= end_s:
+                    break
+                if lost.random() >= cfg.heartbeat_loss:
+                    ticks.append((t, r))
+        ticks.sort()
+        for t, r in ticks:
+            yield t, self.heartbeat(r, t)
+
+    def all_records(self) -> list[schema.Record]:
+        """Everything the job shipped, heartbeats included (what `vigil analyze` would read)."""
+        out = [*self.records, *(r for _t, batch in self.shipped for r in batch)]
+        start = float(min(log.data_spans[0][0] for log in self.logs))
+        out.extend(hb for _t, hb in self.heartbeats(start, self.end_s() + 0.01))
+        return out
+
+    def end_s(self) -> float:
+        """True time the last rank ended its last recorded step."""
+        return max((log.step_end[-1] for log in self.logs if log.step_end), default=0.0)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def run(cfg: JobConfig) -> Job:
+    job = Job(cfg)
+    job.run()
+    return job
