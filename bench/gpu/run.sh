@@ -18,12 +18,15 @@
 #      for a peer delayed on the device by a known time (bench/gpu/nccl_pair.py);
 #   4. bench/diag_bench.py on cuda:0: GEMM 8192^3 bf16+fp8 (Triton vs cuBLAS), STREAM 2 GiB
 #      arrays (Triton vs torch), SDC, a 10 s burn, the memory test over ~92 % of free memory;
-#   5. the trainer's ~1B recipe on one GPU in bf16, compiled: tokens/s and MFU against the
+#   5. Megatron-core's real forward-backward schedule timed by vigil.integrations.megatron, its
+#      groups labelled (bench/gpu/megatron_check.py; Megatron's schedules need CUDA);
+#   6. the trainer's ~1B recipe on one GPU in bf16, compiled: tokens/s and MFU against the
 #      datasheet peak (bench/trainer.py --gpu-only).
 # The last line of output is one JSON object (bench/gpu/summary.py): {"gemm_ratio_to_torch",
 # "copy_ratio_to_torch", "memtest_coverage", "memtest_tb_per_s", "gpu_tests_passed",
 # "gpu_tests_failed"}, then the NVML figures ("nvml_*"), the NCCL pair's ("nccl_pair*"), the 1B
-# recipe's ("gpu_1b_tokens_per_s", "gpu_1b_mfu") and "stages_failed".
+# recipe's ("gpu_1b_tokens_per_s", "gpu_1b_mfu"), the Megatron check's ("megatron_*") and
+# "stages_failed".
 # Usage: bash bench/gpu/run.sh            (PYTHON=/path/to/python to pick the interpreter)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -64,7 +67,12 @@ fi
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
 
 cp -r "$root/vigil" "$tree/vigil"
-for part in agent kernels recovery trainer; do cp -r "$root/$part" "$tree/vigil/$part"; done
+for part in agent kernels recovery trainer integrations; do cp -r "$root/$part" "$tree/vigil/$part"; done
+# Megatron-core for the megatron stage: the interpreter's own, else this checkout's .venv copy
+# (pure Python; carry .venv/lib/python3.11/site-packages/megatron to a machine without it).
+if ! "$py" -c 'import megatron.core' 2>/dev/null; then
+  for d in "$root"/.venv/lib/python3*/site-packages/megatron; do [ -d "$d" ] && cp -r "$d" "$tree/megatron" && break; done
+fi
 mkdir -p "$tree/tests/agent" "$tree/tests/trainer"
 cp "$root/tests/__init__.py" "$tree/tests/"
 cp -r "$root/tests/kernels" "$tree/tests/kernels"
@@ -110,7 +118,8 @@ stage nvml 25 "$py" "$root/bench/gpu/nvml_sample.py" --seconds 10
 stage nccl_pair 45 "$py" "$root/bench/gpu/nccl_pair.py" --delay-ms 50 --timeout 40
 stage figures 140 "$py" "$root/bench/diag_bench.py" --device cuda \
   --gpu-tests-passed "$passed" --gpu-tests-failed "$failed"
-# Last, with whatever time is left (about 90 s when the stages above take their caps): the
+stage megatron 40 "$py" "$root/bench/gpu/megatron_check.py" --steps 10
+# Last, with whatever time is left (about 50 s when the stages above take their caps): the
 # recipe compiles each block first (most of it), then 12 steps, the first 5 left out.
 stage trainer_1b 200 "$py" "$root/bench/trainer.py" --gpu-only --gpu-steps 12
 
