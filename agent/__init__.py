@@ -1,10 +1,10 @@
 """SDK hooks inside training processes and the per-node agent daemon.
 
-Training code uses `init`, `watch`, `step`, `span`, `on_control`, `label_group` and `shutdown`
-(see `vigil.agent.sdk`), and `snapshots` for per-step in-memory snapshots
-(`vigil.recovery.snapshots`, re-exported here). Importing `vigil.agent` imports neither torch nor
-starts anything: the SDK functions load on first use (PEP 562), so `vigil agent` runs on nodes
-without torch.
+Training code uses `init`, `watch`, `step`, `span`, `on_control`, `label_group`,
+`checkpoint_committed` and `shutdown` (see `vigil.agent.sdk`), and `snapshots` for per-step
+in-memory snapshots (`vigil.recovery.snapshots`, re-exported here). Importing `vigil.agent`
+imports neither torch nor starts anything: the SDK functions load on first use (PEP 562), so
+`vigil agent` runs on nodes without torch.
 vigil.agent must not import vigil.collector (import-linter contract).
 """
 
@@ -17,6 +17,7 @@ from vigil.agent.config import AgentConfig, SdkConfig, ShipperConfig
 
 if TYPE_CHECKING:
     from vigil.agent.sdk import (
+        checkpoint_committed,
         current,
         init,
         label_group,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from vigil.recovery.snapshots import Snapshots, snapshots
 
 _LAZY = {
+    "checkpoint_committed": "sdk",
     "current": "sdk",
     "init": "sdk",
     "label_group": "sdk",
@@ -51,6 +53,7 @@ __all__ = [
     "ShipperConfig",
     "Snapshots",
     "StepHandle",
+    "checkpoint_committed",
     "current",
     "init",
     "label_group",

@@ -22,13 +22,14 @@ import enum
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vigil import schema
+from vigil import codec, schema
 from vigil.agent import config, groups, session
 from vigil.env import EnvVar
 
@@ -228,6 +229,42 @@ def on_control(kind: str, callback: Callable[[], Any]) -> None:
         _session.on_control(kind, callback)
     except Exception as exc:
         _session.count_error(exc)
+
+
+def checkpoint_committed(
+    step: int,
+    *,
+    location: str,
+    num_bytes: int = 0,
+    save_s: float = 0.0,
+    blocked_s: float = 0.0,
+    verified: bool = False,
+) -> None:
+    """Report that the checkpoint of `step` committed at `location` (call it once, on one rank,
+    after the commit marker is written). It ships as a `Checkpoint` record: the recovery
+    controller's "checkpoint now" counts a checkpoint as taken only once this reaches the
+    collector (an acknowledged request says only that the job saw it)."""
+    current_session = _session
+    if current_session is None:
+        return
+    try:
+        record = schema.Checkpoint(
+            job_id=current_session.cfg.job,
+            step=step,
+            location=location,
+            bytes=num_bytes,
+            save_s=save_s,
+            blocked_s=blocked_s,
+            verified=verified,
+            committed_s=time.time(),
+        )
+        # Checked here as the collector would (a negative step, an empty location): a record
+        # it refuses would cost the whole batch it ships in.
+        codec.decode_json(codec.encode_json(record))
+        current_session.queue.put(record)
+        current_session.flusher.flush_soon()
+    except Exception as exc:
+        current_session.count_error(exc)
 
 
 def shutdown() -> None:

@@ -5,8 +5,9 @@ live processes under the progress root, `<root>/<job>/<run>/`, or one run's alon
 is given); the SDK runs the job's registered callback at its next step boundary and acknowledges.
 Pages that exited processes left (an earlier attempt's, a crashed rank's) are skipped: they
 would never acknowledge. Given `latest_committed` (how the
-job tells its newest committed checkpoint), the request succeeds only once a newer one exists;
-otherwise the acknowledgements are the answer. Bounded by a timeout.
+job tells its newest committed checkpoint), the outcome names the newer one committed after the
+request; without it only the acknowledgements are known, and the outcome says commits are not
+tracked (never that one committed). Bounded by a timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vigil.agent import progress, rundir
+from vigil.recovery import controller
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +60,15 @@ class PageCheckpointer:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def request(self, *, timeout_s: float) -> bool:
+    def request(self, *, timeout_s: float) -> controller.CheckpointOutcome:
         pages = live_pages(self.progress_dir, self.job_id, self.run_id)
         if not pages:
             log.warning(
                 "no live progress pages for job %s under %s", self.job_id, self.progress_dir
             )
-            return False
+            return controller.CheckpointOutcome(
+                error=f"no live progress pages of job {self.job_id} under {self.progress_dir}"
+            )
         before = self.latest_committed() if self.latest_committed else -1
         readers, wanted = [], {}
         try:
@@ -77,12 +81,20 @@ class PageCheckpointer:
                 readers.append(reader)
                 wanted[path] = reader.request_control("checkpoint")
             deadline = self.clock() + timeout_s
-            while self.clock() < deadline:
-                acked = all(r.acked() >= wanted[r.path] for r in readers)
-                if acked and (self.latest_committed is None or self.latest_committed() > before):
-                    return True
+            acked, newest = 0, before
+            while True:
+                acked = sum(r.acked() >= wanted[r.path] for r in readers)
+                newest = self.latest_committed() if self.latest_committed else -1
+                done = acked == len(readers) and self.latest_committed is None
+                if done or newest > before or self.clock() >= deadline:
+                    break
                 self.sleep(self.poll_s)
-            return False
+            return controller.CheckpointOutcome(
+                acked=acked,
+                asked=len(readers),
+                committed_step=newest if newest > before else None,
+                tracked=self.latest_committed is not None,
+            )
         finally:
             for reader in readers:
                 reader.close()

@@ -15,6 +15,7 @@ truth), and no post blocks the controller longer than `attempts` x `timeout_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -27,6 +28,7 @@ import httpx
 import msgspec
 
 from vigil import api, codec, outbox, sender, settings, spool
+from vigil.recovery import controller
 from vigil.recovery.attempts import FirstStep
 from vigil.schema import Action, ActionState, DiagResult, Finding
 
@@ -192,11 +194,13 @@ class CollectorActions:
 class CollectorControl:
     """Control requests for a job's ranks through the collector (the control path across nodes):
     the collector hands them to the node agent of each rank's node, which writes them into the
-    rank's progress page and posts the SDK's acknowledgement back. `request` waits for every
-    asked rank's acknowledgement; `request(timeout_s=...)` alone is a checkpoint (the
-    controller's `Checkpointer`: True once every rank took the request, whose callback the SDK
-    runs right after its ack; not a confirmation that the checkpoint committed). `stacks`
-    returns each answering rank's own dump. Never raises for an outage: False / {} then."""
+    rank's progress page and posts the SDK's acknowledgement back. `acknowledged` waits for
+    every asked rank's acknowledgement. `request(timeout_s=...)` is a checkpoint (the
+    controller's `Checkpointer`): an acknowledgement says only that a rank took the request, so
+    it then waits, within the same `timeout_s`, for the job's `Checkpoint` record (what
+    `vigil.agent.checkpoint_committed` ships) at a step past both the newest checkpoint and
+    the job's last step before the request, and says which it saw. `stacks` returns each
+    answering rank's own dump. Never raises for an outage: False / {} / an outcome saying so."""
 
     url: str
     job_id: str
@@ -207,7 +211,7 @@ class CollectorControl:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def request(
+    def acknowledged(
         self,
         *,
         timeout_s: float,
@@ -219,6 +223,86 @@ class CollectorControl:
         all acknowledged within `timeout_s`."""
         status = self.post(kind, ranks=ranks, request_id=request_id)
         return status is not None and bool(self._await(status, timeout_s).get("done"))
+
+    def request(
+        self,
+        *,
+        timeout_s: float,
+        ranks: Sequence[int] | None = None,
+        request_id: str | None = None,
+    ) -> controller.CheckpointOutcome:
+        """Checkpoint now: post the request, wait for the acknowledgements, then for a
+        checkpoint committed after it (all within `timeout_s`)."""
+        deadline = self.clock() + timeout_s
+        newest = self._newest_checkpoint()
+        floor = self._last_step()
+        status = self.post("checkpoint", ranks=ranks, request_id=request_id)
+        if status is None:
+            return controller.CheckpointOutcome(
+                error=f"the collector at {self.url} did not take the request"
+            )
+        status = self._await(status, timeout_s)
+        outcome = controller.CheckpointOutcome(
+            acked=len(status.get("acked") or []), asked=len(status.get("expected") or [])
+        )
+        while outcome.asked:
+            found = self._commit_after(newest, floor)
+            if found is not None:
+                step, location = found
+                log.info("checkpoint of %s committed at step %d (%s)", self.job_id, step, location)
+                return dataclasses.replace(outcome, committed_step=step, location=location)
+            if self.clock() >= deadline:
+                log.warning(
+                    "checkpoint request for %s: %d of %d ranks acknowledged, no checkpoint past "
+                    "step %d committed within %.0f s",
+                    self.job_id,
+                    outcome.acked,
+                    outcome.asked,
+                    max(newest, floor),
+                    timeout_s,
+                )
+                break
+            self.sleep(self.poll_s)
+        return outcome
+
+    def _newest_checkpoint(self) -> int:
+        """The step of the job's newest checkpoint the collector holds (-1: none, or unknown)."""
+        rows = self._get_list(f"/jobs/{self.job_id}/checkpoints", {"limit": 1})
+        return max((int(r["step"]) for r in rows if isinstance(r.get("step"), int)), default=-1)
+
+    def _last_step(self) -> int:
+        """The newest step any rank of the job reported (-1: none, or unknown)."""
+        found = self._get(f"/jobs/{self.job_id}/state", None)
+        step = found.get("last_step") if isinstance(found, dict) else None
+        return step if isinstance(step, int) else -1
+
+    def _commit_after(self, newest: int, floor: int) -> tuple[int, str] | None:
+        """A checkpoint newer than `newest` at a step >= `floor` (step, location), if any."""
+        rows = self._get_list(f"/jobs/{self.job_id}/checkpoints", {"limit": 10})
+        fresh = [
+            (int(r["step"]), str(r.get("location", "")))
+            for r in rows
+            if isinstance(r.get("step"), int) and r["step"] > newest and r["step"] >= floor
+        ]
+        return max(fresh) if fresh else None
+
+    def _get(self, path: str, params: dict[str, Any] | None) -> object:
+        url = f"{self.url.rstrip('/')}{api.API_PREFIX}{path}"
+        try:
+            response = self.client.get(
+                url, params=params, headers=_headers(self.token), timeout=self.timeout_s
+            )
+            if response.status_code == 404:
+                return None
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("could not read %s: %s", url, exc)
+            return None
+
+    def _get_list(self, path: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
+        found = self._get(path, params)
+        return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
 
     def stacks(
         self, ranks: Sequence[int], *, timeout_s: float, request_id: str | None = None

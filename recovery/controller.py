@@ -44,6 +44,7 @@ from vigil.schema import (
 log = logging.getLogger(__name__)
 __all__ = [
     "ActionSink",
+    "CheckpointOutcome",
     "Checkpointer",
     "Controller",
     "ControllerConfig",
@@ -63,9 +64,52 @@ class FindingSource(Protocol):
         """Findings about the job seen since the last call (repeats are ignored by id)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOutcome:
+    """What one "checkpoint now" came to: how many ranks took the request, and the checkpoint
+    committed after it (an acknowledgement says only that a rank saw the request)."""
+
+    # Ranks that acknowledged, of the ranks asked (0 asked: no rank of the job is known).
+    acked: int = 0
+    asked: int = 0
+    # The step of a checkpoint committed after the request (None: none seen in time).
+    committed_step: int | None = None
+    location: str = ""
+    # False: this channel cannot see commits (acknowledgements are all it knows).
+    tracked: bool = True
+    # Why the request never reached the job ("" = it was posted).
+    error: str = ""
+
+    @property
+    def committed(self) -> bool:
+        return self.committed_step is not None
+
+    def describe(self, timeout_s: float) -> str:
+        """The action's result: exactly what was seen, e.g. "requested, acknowledged by 4 of 4
+        ranks, committed at step 12 (/ckpt/step-12)"."""
+        if self.error:
+            return f"not requested: {self.error}"
+        parts = ["requested"]
+        if not self.asked:
+            parts.append("no rank of the job is known to answer")
+        elif self.acked:
+            parts.append(f"acknowledged by {self.acked} of {self.asked} ranks")
+        else:
+            parts.append(f"not acknowledged within {timeout_s:.0f} s")
+        if self.committed:
+            where = f" ({self.location})" if self.location else ""
+            parts.append(f"committed at step {self.committed_step}{where}")
+        elif not self.tracked:
+            parts.append("commits are not tracked on this channel: not known to have committed")
+        else:
+            parts.append(f"no commit seen within {timeout_s:.0f} s")
+        return ", ".join(parts)
+
+
 class Checkpointer(Protocol):
-    def request(self, *, timeout_s: float) -> bool:
-        """Ask the running job to checkpoint now; True once it has committed one."""
+    def request(self, *, timeout_s: float) -> CheckpointOutcome:
+        """Ask the running job to checkpoint now and wait (at most `timeout_s`) for evidence
+        that a checkpoint committed after the request."""
 
 
 class ActionSink(Protocol):
@@ -100,7 +144,7 @@ class ControllerConfig:
     poll_interval_s: float = 0.2
     # Ranks get 10 s to exit on SIGTERM (enough to flush logs), then SIGKILL.
     stop_timeout_s: float = 10.0
-    # A checkpoint request waits at most this long before recovery goes ahead without it.
+    # A checkpoint request waits at most this long for a commit before recovery goes ahead.
     checkpoint_timeout_s: float = 60.0
     min_dp_size: int = 1
     # A hang finding must stay open this long before the job is restarted for it: a rank that
@@ -233,6 +277,8 @@ class Controller:
             return False
         if finding.kind is FindingKind.CRASH:
             return False  # the executor sees dead ranks itself, first and for certain
+        if finding.kind is FindingKind.RECOVERY_UNSAFE:
+            return False  # the job's own configuration: nothing to do but report it
         if finding.finding_id in self._handled():
             return False
         # Evidence gathered before this attempt started describes ranks that are gone (e.g. the
@@ -396,15 +442,11 @@ class Controller:
         if action.kind is ActionKind.CHECKPOINT:
             if self.checkpointer is None:
                 return ActionState.SKIPPED, "no checkpoint channel to this job"
-            ok = self.checkpointer.request(timeout_s=self.config.checkpoint_timeout_s)
-            return (
-                (ActionState.SUCCEEDED, "checkpoint committed")
-                if ok
-                else (
-                    ActionState.FAILED,
-                    f"no checkpoint within {self.config.checkpoint_timeout_s:.0f} s",
-                )
-            )
+            timeout_s = self.config.checkpoint_timeout_s
+            outcome = self.checkpointer.request(timeout_s=timeout_s)
+            # Succeeded means committed: a request the job only acknowledged is not a checkpoint.
+            state = ActionState.SUCCEEDED if outcome.committed else ActionState.FAILED
+            return state, outcome.describe(timeout_s)
         if action.kind is ActionKind.DUMP_STACKS:
             return self._dump_stacks(action)
         if action.kind is ActionKind.DIAGNOSE:

@@ -220,7 +220,9 @@ def supervise(spec: TrainJob) -> int:
         placement=placement.Placement.build(nproc=spec.nproc, nodes=spec.nodes, spare=spec.spare),
         findings=collector_link.CollectorFindings(url=spec.url, job_id=spec.job),
         checkpointer=checkpoint_request.PageCheckpointer(
-            progress_dir=Path("/dev/shm/vigil"), job_id=spec.job
+            progress_dir=Path("/dev/shm/vigil"),
+            job_id=spec.job,
+            latest_committed=lambda: _newest_commit(spec.workdir / "checkpoints"),
         ),
         sink=journal.Tee(
             [
@@ -244,3 +246,10 @@ def describe(rows: Sequence[FaultRow]) -> str:
 
 
 __all__ = ["DemoPlan", "TrainJob", "describe", "platform", "run", "supervise"]
+
+
+def _newest_commit(root: Path) -> int:
+    """The bundled trainer's newest committed checkpoint step under `root` (-1: none)."""
+    from vigil.trainer import checkpoint  # torch: only once the demo runs
+
+    return max(checkpoint.committed_steps(root), default=-1)

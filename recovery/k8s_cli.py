@@ -17,7 +17,6 @@ import uuid
 
 from vigil import cli, settings
 from vigil.recovery import collector_link, controller, journal, k8s_journal, k8s_plan
-from vigil.schema import Action, ActionKind, ActionState
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +213,17 @@ def _run(args: argparse.Namespace) -> int:
         )
     for problem in executor.problems:
         sys.stderr.write(f"vigil controller: {args.namespace}/{name}: {problem}\n")
-    if executor.problems:
-        sink.publish(_precondition_record(job_id, name, executor.problems))
+    if executor.gaps:
+        # Reported as a finding (each missing precondition its evidence); nothing is acted on.
+        sink.publish(
+            k8s_plan.unsafe_finding(
+                job_id,
+                f"{'TrainJob' if args.trainjob else 'JobSet'} {args.namespace}/{name}",
+                executor.gaps,
+                nodes=[s.node for s in executor.slots() if s.node],
+                now_s=time.time(),
+            )
+        )
     book = k8s_journal.AnnotationJournal(store)
     layout = executor.placement()
     saved = book.load_state()
@@ -257,19 +265,6 @@ def _run(args: argparse.Namespace) -> int:
     for action in book.actions():
         log.info("%s %s %s: %s", action.action_id, action.kind, action.state, action.result)
     return code
-
-
-def _precondition_record(job_id: str, name: str, problems: list[str]) -> Action:
-    """The report of a job vigil will not restart (the schema has no finding kind for a job's
-    own configuration: it is a skipped restart, with the reasons)."""
-    return Action(
-        action_id=f"{job_id}/preconditions",
-        kind=ActionKind.RESTART,
-        job_id=job_id,
-        target=name,
-        state=ActionState.SKIPPED,
-        result="vigil will not restart this job: " + "; ".join(problems),
-    )
 
 
 controller_command = cli.Command(

@@ -11,6 +11,7 @@ talks to a cluster). The label keys are the JobSet controller's (sigs.k8s.io/job
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vigil import codec
-from vigil.schema import DiagResult
+from vigil.schema import MAX_EVIDENCE, DiagResult, Evidence, Finding, FindingKind, Subjects
 
 # The JobSet controller's labels on its Jobs and pods.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -61,7 +62,18 @@ def kueue_managed(obj: Mapping[str, Any]) -> bool:
     return KUEUE_QUEUE in _labels(obj)
 
 
-def precondition_problems(jobset: Mapping[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class Gap:
+    """One missing precondition: a stable key (the Finding evidence's metric), the value found
+    and the one needed (as numbers, for the evidence), and what to change, in words."""
+
+    key: str
+    found: float
+    needed: float
+    message: str
+
+
+def precondition_gaps(jobset: Mapping[str, Any]) -> list[Gap]:
     """What keeps vigil from restarting this JobSet safely by evicting one pod ([] = none).
 
     Needed: every replicated Job's template has `backoffLimit: 0` and a `podFailurePolicy`
@@ -70,16 +82,22 @@ def precondition_problems(jobset: Mapping[str, Any]) -> list[str]:
     mapping `PodFailurePolicy` failures to `RestartJobSetAndIgnoreMaxRestarts` (a
     vigil-initiated restart recreates every Job without spending `maxRestarts`)."""
     spec = jobset.get("spec") or {}
-    problems: list[str] = []
+    gaps: list[Gap] = []
     replicated = spec.get("replicatedJobs") or []
     if not replicated:
-        problems.append("spec.replicatedJobs is empty")
+        gaps.append(Gap("jobset.replicated_jobs", 0, 1, "spec.replicatedJobs is empty"))
     for rj in replicated:
         name = rj.get("name", "?")
         job_spec = (rj.get("template") or {}).get("spec") or {}
-        if job_spec.get("backoffLimit") != 0:
-            problems.append(
-                f"replicatedJob {name}: backoffLimit is {job_spec.get('backoffLimit')!r}, needs 0"
+        limit = job_spec.get("backoffLimit")
+        if limit != 0:
+            gaps.append(
+                Gap(
+                    f"job.backoff_limit.{name}",
+                    float(limit) if isinstance(limit, int) else -1.0,
+                    0,
+                    f"replicatedJob {name}: backoffLimit is {limit!r}, needs 0",
+                )
             )
         rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
         if not any(
@@ -87,9 +105,14 @@ def precondition_problems(jobset: Mapping[str, Any]) -> list[str]:
             and any(p.get("type") == "DisruptionTarget" for p in r.get("onPodConditions") or [])
             for r in rules
         ):
-            problems.append(
-                f"replicatedJob {name}: podFailurePolicy has no FailJob rule on the "
-                "DisruptionTarget pod condition"
+            gaps.append(
+                Gap(
+                    f"job.pod_failure_policy.{name}",
+                    0,
+                    1,
+                    f"replicatedJob {name}: podFailurePolicy has no FailJob rule on the "
+                    "DisruptionTarget pod condition",
+                )
             )
     rules = (spec.get("failurePolicy") or {}).get("rules") or []
     if not any(
@@ -97,11 +120,56 @@ def precondition_problems(jobset: Mapping[str, Any]) -> list[str]:
         and "PodFailurePolicy" in (r.get("onJobFailureReasons") or [])
         for r in rules
     ):
-        problems.append(
-            f"failurePolicy has no rule mapping onJobFailureReasons [PodFailurePolicy] to "
-            f"{RESTART_ACTION}"
+        gaps.append(
+            Gap(
+                "jobset.failure_policy",
+                0,
+                1,
+                f"failurePolicy has no rule mapping onJobFailureReasons [PodFailurePolicy] to "
+                f"{RESTART_ACTION}",
+            )
         )
-    return problems
+    return gaps
+
+
+def precondition_problems(jobset: Mapping[str, Any]) -> list[str]:
+    """`precondition_gaps` in words ([] = vigil may restart the JobSet)."""
+    return [g.message for g in precondition_gaps(jobset)]
+
+
+def kueue_gap(trainjob: str) -> Gap:
+    return Gap(
+        "trainjob.kueue_managed",
+        1,
+        0,
+        f"TrainJob {trainjob} is Kueue-managed ({KUEUE_QUEUE}): vigil never toggles its suspend",
+    )
+
+
+def unsafe_finding(
+    job_id: str, target: str, gaps: Sequence[Gap], *, nodes: Sequence[str], now_s: float
+) -> Finding:
+    """The finding vigil posts instead of acting on a job it cannot restart safely: one
+    evidence entry per missing precondition; its id is stable for the same job and gaps (a
+    restarted controller posts the same finding again, upserted by id)."""
+    keys = ",".join(sorted(g.key for g in gaps))
+    digest = hashlib.sha1(f"{job_id}|{keys}".encode(), usedforsecurity=False).hexdigest()[:12]
+    return Finding(
+        finding_id=f"recovery-unsafe-{digest}",
+        kind=FindingKind.RECOVERY_UNSAFE,
+        job_id=job_id,
+        subjects=Subjects(nodes=sorted(set(nodes))),
+        summary=(
+            f"vigil will not restart {target}: {len(gaps)} precondition(s) missing "
+            "(see README, Recovery on Kubernetes); nothing in the cluster is changed"
+        ),
+        evidence=[
+            Evidence(metric=g.key, observed=g.found, baseline=g.needed, note=g.message)
+            for g in gaps[:MAX_EVIDENCE]
+        ],
+        confidence=1.0,
+        detected_s=now_s,
+    )
 
 
 @dataclass(frozen=True)

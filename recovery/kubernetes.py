@@ -235,7 +235,7 @@ class KubernetesExecutor:
     # How often a wait (a restart, pods scheduled, a diagnostics Job) reads the job again.
     poll_s: float = 0.5
     _seen_exits: set[tuple[str, int]] = field(default_factory=set, init=False)
-    _problems: list[str] = field(default_factory=list, init=False)
+    _problems: list[k8s_plan.Gap] = field(default_factory=list, init=False)
     _suspended_pods: set[str] = field(default_factory=set, init=False)
     # Nodes this executor saw quarantined (by itself or a predecessor): saves a node listing.
     _fenced: set[str] = field(default_factory=set, init=False)
@@ -253,21 +253,25 @@ class KubernetesExecutor:
 
     # -- what vigil may do --------------------------------------------------------------------
 
-    def _check(self) -> list[str]:
-        problems = k8s_plan.precondition_problems(self.read_jobset()) if not self.trainjob else []
+    def _check(self) -> list[k8s_plan.Gap]:
+        gaps = k8s_plan.precondition_gaps(self.read_jobset()) if not self.trainjob else []
         if self.trainjob and k8s_plan.kueue_managed(self.read_trainjob()):
-            problems.append(
-                f"TrainJob {self.trainjob} is Kueue-managed ({k8s_plan.KUEUE_QUEUE}): "
-                "vigil never toggles its suspend"
+            gaps.append(k8s_plan.kueue_gap(self.trainjob))
+        for gap in gaps:
+            log.error(
+                "%s/%s cannot be recovered safely: %s", self.namespace, self.jobset, gap.message
             )
-        for problem in problems:
-            log.error("%s/%s cannot be recovered safely: %s", self.namespace, self.jobset, problem)
-        return problems
+        return gaps
+
+    @property
+    def gaps(self) -> list[k8s_plan.Gap]:
+        """The preconditions this job lacks ([] = vigil may restart it)."""
+        return list(self._problems)
 
     @property
     def problems(self) -> list[str]:
-        """Why this job may not be restarted by vigil ([] = it may)."""
-        return list(self._problems)
+        """Why this job may not be restarted by vigil, in words ([] = it may)."""
+        return [g.message for g in self._problems]
 
     @property
     def acting(self) -> bool:
@@ -285,7 +289,7 @@ class KubernetesExecutor:
             self._await_approval(what, kind, target)
             return
         why = (
-            "; ".join(self._problems)
+            "; ".join(self.problems)
             if self._problems
             else f"namespace {self.namespace} is not allowed to act"
             if self.mode != "observe"

@@ -160,6 +160,7 @@ class Checkpointer:
         extra: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait_timeout_s: float = 600.0,
+        on_commit: Callable[[SaveResult], None] | None = None,
     ) -> None:
         if config.directory is None:
             raise ValueError("Checkpointer needs checkpoint.directory")
@@ -170,6 +171,8 @@ class Checkpointer:
         self.extra = extra or {}
         self._clock = clock
         self._wait_timeout_s = wait_timeout_s
+        # Told of each committed save on rank 0 (the trainer reports it through the SDK).
+        self._on_commit = on_commit
         self._pending: concurrent.futures.Future[None] | None = None
         self._done: list[SaveResult] = []
         self._lock = threading.Lock()
@@ -244,6 +247,11 @@ class Checkpointer:
         )
         with self._lock:
             self._done.append(result)
+        if self._on_commit is not None:
+            try:
+                self._on_commit(result)
+            except Exception as exc:  # a report of the commit never fails the save
+                log.warning("checkpoint step %d: commit report failed: %s", result.step, exc)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the save in flight (if any) has finished and been committed."""

@@ -150,6 +150,7 @@ class Trainer:
                 rank=self.ctx.rank,
                 group=side_group,
                 extra={"recipe": recipe.name, "layout": {k: str(v) for k, v in layout.items()}},
+                on_commit=self._report_commit,
             )
         # Per-step in-memory snapshots under `vigil run` (VIGIL_SNAPSHOT_DIR): the public
         # `vigil.agent.snapshots` machinery, staged here and written in the background.
@@ -160,6 +161,17 @@ class Trainer:
         self.flops_per_token = recipe.model.flops_per_token(recipe.seq_len)
         self.tele.watch(self.parts.owner, self.parts.optimizer)
         self.tele.on_control("checkpoint", self.control.request_checkpoint)
+
+    def _report_commit(self, result: checkpoint.SaveResult) -> None:
+        """Tell the collector (a Checkpoint record) that a save committed: the recovery
+        controller's "checkpoint now" waits for it."""
+        self.tele.checkpoint_committed(
+            result.step,
+            location=str(result.path),
+            num_bytes=result.bytes,
+            save_s=result.save_s,
+            blocked_s=result.blocked_s,
+        )
 
     def state(self) -> dict[str, Any]:
         """The DCP state dict: model and optimizer under full-model names (any layout)."""

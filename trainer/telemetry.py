@@ -1,5 +1,6 @@
 """The trainer's one doorway to the vigil SDK (`vigil.agent`): init, watch, step, span,
-on_control, shutdown — exactly the API of docs/architecture.md's SDK section.
+on_control, checkpoint_committed, shutdown — exactly the API of docs/architecture.md's SDK
+section.
 
 Every call is fail-open twice over: the SDK promises never to raise, and this module also turns
 an SDK that is missing (an older install) or broken into a logged no-op, so telemetry can never
@@ -112,6 +113,11 @@ class Telemetry:
 
     def on_control(self, kind: str, callback: Callable[..., Any]) -> None:
         self._call("on_control", kind, callback)
+
+    def checkpoint_committed(self, step: int, *, location: str, **details: Any) -> None:
+        """Report a committed checkpoint (`vigil.agent.checkpoint_committed`; safe from any
+        thread: DCP's writer thread commits an async save)."""
+        self._call("checkpoint_committed", step, location=location, **details)
 
     def shutdown(self) -> None:
         self._call("shutdown")

@@ -63,6 +63,10 @@ class FindingKind(enum.StrEnum):
     STAGE_IMBALANCE = "stage_imbalance"
     SEQLEN_IMBALANCE = "seqlen_imbalance"
     CRASH = "crash"
+    # The recovery controller will not restart this job: its own configuration lacks what a
+    # safe restart needs (evidence: each missing precondition, e.g. a JobSet's podFailurePolicy).
+    # A vocabulary addition, SCHEMA_VERSION kept: collectors are upgraded before controllers.
+    RECOVERY_UNSAFE = "recovery_unsafe"
 
 
 class FindingState(enum.StrEnum):

@@ -4,7 +4,8 @@
 
 Each rank trains short steps forever under job `ctljob` (reporting to the collector) and, when a
 checkpoint request reaches it (`vigil.agent.on_control`), writes `OUT_DIR/checkpoint-rank-R`
-holding the step it ran at. The test kills it.
+holding the step it ran at; rank 0 then reports the commit (`vigil.agent.checkpoint_committed`).
+The test kills it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def main(rank: int, world: int, url: str, progress_dir: str, out: str) -> None:
     )
     current = [0]
     marker = Path(out) / f"checkpoint-rank-{rank}"
-    vigil.agent.on_control("checkpoint", lambda: marker.write_text(str(current[0])))
+
+    def checkpoint() -> None:
+        marker.write_text(str(current[0]))
+        if rank == 0:  # one rank reports the commit, as a trainer's rank 0 does
+            vigil.agent.checkpoint_committed(current[0], location=str(marker))
+
+    vigil.agent.on_control("checkpoint", checkpoint)
     for step in range(1_000_000):
         current[0] = step
         with vigil.agent.step(step, tokens=8):

@@ -2,8 +2,10 @@
 on each of two (simulated) nodes and one SDK rank per node. A checkpoint request posted through
 the collector's API (`CollectorControl`, as the Kubernetes controller posts it) reaches each
 rank through its node's agent and progress page, runs the rank's `vigil.agent.on_control`
-callback, and the acknowledgements come back through the API; a stack dump request brings each
-rank's own dump back with its acknowledgement."""
+callback, and the acknowledgements come back through the API, then rank 0's commit report
+(`vigil.agent.checkpoint_committed`, shipped as a Checkpoint record); a rank that acknowledges
+without a commit is reported as exactly that; a stack dump request brings each rank's own dump
+back with its acknowledgement."""
 
 from __future__ import annotations
 
@@ -119,10 +121,17 @@ def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_throu
 ) -> None:
     url, base = scene
     control = CollectorControl(url=url, job_id=JOB, poll_s=0.2)
-    assert control.request(timeout_s=60, kind="checkpoint", request_id="ckpt-1"), (
-        "the ranks did not acknowledge: "
+    outcome = control.request(timeout_s=60, request_id="ckpt-1")
+    assert (outcome.acked, outcome.asked) == (2, 2), (
+        f"the ranks did not acknowledge ({outcome}): "
         + "".join((base / f"agent-{n}.log").read_text()[-2000:] for n in NODES)
     )
+    # Rank 0's commit report came back through the collector: the step it saved at.
+    assert outcome.committed, outcome
+    assert outcome.committed_step == int(
+        (base / "node-a" / "out" / "checkpoint-rank-0").read_text()
+    )
+    assert outcome.location.endswith("checkpoint-rank-0")
     status = httpx.get(f"{url}/api/v1/jobs/{JOB}/control/ckpt-1", timeout=5).json()
     assert status["acked"] == [0, 1] and status["done"] is True
     for i, node in enumerate(NODES):
@@ -134,7 +143,10 @@ def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_throu
         assert httpx.get(f"{url}/api/v1/control", params={"node": node}, timeout=5).json() == []
     (base / "node-a" / "out" / "checkpoint-rank-0").unlink()
     (base / "node-b" / "out" / "checkpoint-rank-1").unlink()
-    assert control.request(timeout_s=60, ranks=[1], request_id="ckpt-2")
+    # Rank 1 alone: it acknowledges but reports no commit, and that is what the outcome says.
+    lone = control.request(timeout_s=3, ranks=[1], request_id="ckpt-2")
+    assert (lone.acked, lone.asked, lone.committed) == (1, 1, False), lone
+    assert lone.describe(3) == "requested, acknowledged by 1 of 1 ranks, no commit seen within 3 s"
     assert (base / "node-b" / "out" / "checkpoint-rank-1").exists()
     assert not (base / "node-a" / "out" / "checkpoint-rank-0").exists()
     # Stacks on request: each rank's own dump (the SDK's faulthandler) comes back with its ack.
@@ -143,4 +155,4 @@ def test_a_checkpoint_request_runs_each_ranks_callback_and_is_acknowledged_throu
     for text in stacks.values():
         assert "dump_stacks requested" in text and "control_job.py" in text, text[:500]
     # A request no rank can answer (a rank the job does not have) times out, it does not hang.
-    assert not control.request(timeout_s=1.5, ranks=[7], request_id="ckpt-3")
+    assert not control.acknowledged(timeout_s=1.5, ranks=[7], request_id="ckpt-3")

@@ -62,6 +62,8 @@ EXPECTED: dict[tuple[FindingKind, float | None], tuple[Severity, list[A], list[A
     (FindingKind.MFU_DROP, 1.5): (Severity.HIGH, [D], [D], [D]),
     (FindingKind.STAGE_IMBALANCE, None): (Severity.LOW, [], [], []),
     (FindingKind.SEQLEN_IMBALANCE, None): (Severity.LOW, [], [], []),
+    # The controller's own report of a job it will not restart: nothing to act on.
+    (FindingKind.RECOVERY_UNSAFE, None): (Severity.LOW, [], [], []),
 }
 
 

@@ -43,6 +43,12 @@ def test_sdk_records_steps_and_its_checkpoint_request_is_honoured(tmp_path: Path
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert [r["loss"] for r in steps] == [result.losses[s] for s in (1, 2, 3, 4)]
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in steps)
+    # Each commit is reported through the SDK (what the recovery controller waits for).
+    commits = [r for r in map(json.loads, lines) if r["type"] == "checkpoint"]
+    assert [(r["step"], Path(r["location"]).name) for r in commits] == [
+        (s, checkpoint.step_dir(tmp_path / "ckpt", s).name) for s in (2, 4)
+    ]
+    assert all(r["bytes"] > 0 and r["committed_s"] > 0 for r in commits)
 
 
 def test_without_collector_option_the_trainer_ships_to_the_collector_in_the_environment(

@@ -2,12 +2,14 @@
 
 Shared by tests/recovery/k8s/test_killed_controller.py and bench/k8s_recovery.py. The controller
 runs as the real CLI in a subprocess against the emulator (`cluster.Cluster`), its findings from
-a stand-in collector (`StubCollector`: the findings endpoint and an ingest that accepts all), and
+a stand-in collector (`StubCollector`: the findings endpoint and an ingest that accepts all and
+keeps what was posted), and
 is killed with `VIGIL_CONTROLLER_DIE_AT=<stage>`; the second run has no kill.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -23,8 +25,9 @@ import msgspec
 from kubernetes import client
 
 from tests.recovery.k8s.cluster import JOBSET_API, Cluster, FakeJobSetController
+from vigil import codec
 from vigil.env import EnvVar
-from vigil.schema import Evidence, Finding, FindingKind, Subjects
+from vigil.schema import Evidence, Finding, FindingKind, Record, Subjects
 
 STAGES = ("planned", "stopped", "placed", "launched", "recorded")
 
@@ -42,6 +45,8 @@ class StubCollector:
             confidence=0.9,
         )
         self.first_served_s: float | None = None
+        # Every record posted to the ingest (the controller's actions and findings).
+        self.posted: list[Record] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -55,7 +60,9 @@ class StubCollector:
                 self._reply(200, json.dumps([row]).encode())
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with contextlib.suppress(codec.DecodeError):  # a post that is not a batch
+                    outer.posted.extend(codec.decode_batch(body).records)
                 self._reply(202, b"{}")
 
             def _reply(self, status: int, body: bytes) -> None:

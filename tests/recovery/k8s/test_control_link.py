@@ -38,8 +38,11 @@ class Agents:
     """Stands in for the node agents: polls each node's pending requests and acknowledges them
     for the ranks there (a dump_stacks answer carries a stack naming the rank)."""
 
-    def __init__(self, client: TestClient, nodes: list[str]) -> None:
+    def __init__(self, client: TestClient, nodes: list[str], *, commit_step: int = -1) -> None:
         self.client, self.nodes = client, nodes
+        # >= 0: rank 0 commits a checkpoint at this step once it took the request and reports
+        # it as the SDK does (`vigil.agent.checkpoint_committed` ships a Checkpoint record).
+        self.commit_step = commit_step
         self.answered: list[tuple[str, str, tuple[int, ...]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -69,18 +72,34 @@ class Agents:
                         f"/api/v1/control/{req['id']}/ack", json=body
                     ).is_success
                     self.answered.append((node, req["kind"], tuple(req["ranks"])))
+                    if req["kind"] == "checkpoint" and 0 in req["ranks"] and self.commit_step >= 0:
+                        _ingest(
+                            self.client,
+                            schema.Checkpoint(
+                                job_id="train",
+                                step=self.commit_step,
+                                location=f"/ckpt/step-{self.commit_step}",
+                                committed_s=time.time(),
+                            ),
+                        )
+
+
+def _ingest(client: TestClient, *records: schema.Record) -> None:
+    frame = codec.encode_batch(list(records), batch_id=f"b-{time.monotonic_ns()}")
+    headers = {"content-type": api.BATCH_MEDIA_TYPE}
+    assert client.post(api.INGEST_PATH, content=frame, headers=headers).status_code == 200
 
 
 def _report_ranks(client: TestClient, ex: kube.KubernetesExecutor) -> list[str]:
     """The ranks' RankInfo as the SDK ships it: rank i runs in pod slot i."""
     slots = ex.slots()
-    records: list[schema.Record] = [
-        schema.RankInfo(job_id="train", rank=s.ordinal, node=s.node, world_size=len(slots))
-        for s in slots
-    ]
-    frame = codec.encode_batch(records, batch_id="ranks")
-    headers = {"content-type": api.BATCH_MEDIA_TYPE}
-    assert client.post(api.INGEST_PATH, content=frame, headers=headers).status_code == 200
+    _ingest(
+        client,
+        *(
+            schema.RankInfo(job_id="train", rank=s.ordinal, node=s.node, world_size=len(slots))
+            for s in slots
+        ),
+    )
     return sorted({s.node for s in slots})
 
 
@@ -95,17 +114,62 @@ def test_checkpoint_goes_through_the_collector_before_the_quarantine(
         ex = executor(cluster)
         nodes = _report_ranks(collector, ex)
         control = CollectorControl(url="http://testserver", job_id="train", client=collector)
-        with Agents(collector, nodes) as agents:
+        with Agents(collector, nodes, commit_step=5) as agents:
             code, book = run_controller(cluster, ex, [straggler("node-1")], checkpointer=control)
         assert code == 0
         ckpt = book.get("straggler-node-1/0-checkpoint")
         assert ckpt is not None and ckpt.state is ActionState.SUCCEEDED, ckpt
+        assert ckpt.result == (
+            "requested, acknowledged by 4 of 4 ranks, committed at step 5 (/ckpt/step-5)"
+        )
         kinds = [k for _, k, _ in agents.answered]
         assert kinds.count("checkpoint") == len(nodes)  # once per node, every rank there
         acked = sorted(r for _, k, ranks in agents.answered if k == "checkpoint" for r in ranks)
         assert acked == [0, 1, 2, 3]
         restart = [a for a in book.actions() if a.kind.value in ("restart", "migrate")]
         assert restart and all(ckpt.end_s <= a.start_s for a in restart)
+
+
+def test_an_acknowledged_checkpoint_that_never_commits_is_not_reported_as_committed(
+    collector: TestClient,
+) -> None:
+    with running(NS, nodes=5, replicas=4) as (cluster, fake):
+        fake.finish_generation = 1
+        ex = executor(cluster)
+        nodes = _report_ranks(collector, ex)
+        # An older checkpoint is there already and the job reported step 9: neither is the
+        # commit this request asks for.
+        _ingest(
+            collector,
+            schema.Checkpoint(job_id="train", step=3, location="/ckpt/step-3", committed_s=1.0),
+            schema.StepRecord(
+                job_id="train", rank=0, step=9, start_s=time.time(), end_s=time.time()
+            ),
+        )
+        control = CollectorControl(
+            url="http://testserver", job_id="train", client=collector, poll_s=0.05
+        )
+        with Agents(collector, nodes) as agents:  # every rank acknowledges; nothing commits
+            code, book = run_controller(
+                cluster, ex, [straggler("node-1")], checkpointer=control, checkpoint_timeout_s=1.0
+            )
+        assert code == 0
+        assert sorted(r for _, k, rs in agents.answered if k == "checkpoint" for r in rs) == [
+            0, 1, 2, 3
+        ]  # fmt: skip
+        ckpt = book.get("straggler-node-1/0-checkpoint")
+        assert ckpt is not None and ckpt.state is ActionState.FAILED, ckpt
+        assert ckpt.result == "requested, acknowledged by 4 of 4 ranks, no commit seen within 1 s"
+        # The recovery went on without it: the job was still moved off node-1.
+        migrate = book.get("straggler-node-1/2-migrate")
+        assert migrate is not None and migrate.state is ActionState.SUCCEEDED
+        # A checkpoint at a step before the request is not taken for its commit either.
+        _ingest(
+            collector,
+            schema.Checkpoint(job_id="train", step=8, location="/ckpt/step-8", committed_s=2.0),
+        )
+        late = control.request(timeout_s=0.5)
+        assert late.committed_step is None, late
 
 
 def test_hang_stacks_come_from_the_ranks_through_the_collector(collector: TestClient) -> None:
@@ -152,6 +216,8 @@ def test_stacks_of_ranks_that_do_not_answer_fall_back_to_the_pod_exec(
 def test_a_job_whose_ranks_never_reported_is_not_waited_for(collector: TestClient) -> None:
     control = CollectorControl(url="http://testserver", job_id="unknown", client=collector)
     started = time.monotonic()
-    assert control.request(timeout_s=30.0) is False
+    outcome = control.request(timeout_s=30.0)
+    assert not outcome.committed and outcome.asked == 0
+    assert control.acknowledged(timeout_s=30.0) is False
     assert control.stacks([0], timeout_s=0.2) == {}
     assert time.monotonic() - started < 5.0

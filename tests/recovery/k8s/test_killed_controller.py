@@ -14,6 +14,7 @@ import pytest
 from tests.recovery.k8s.cluster import running
 from tests.recovery.k8s.killed import STAGES, StubCollector, controller_command, killed_run
 from vigil.env import EnvVar
+from vigil.schema import Action, ActionState, Finding, FindingKind, FindingState
 
 
 @pytest.mark.e2e
@@ -60,3 +61,20 @@ def test_cli_reports_a_jobset_without_the_preconditions_and_touches_nothing(
         assert stub.first_served_s is not None  # it did look at the finding
         writes = [c for c in cluster.calls() if c.write and c.agent != "fake-jobset-controller"]
         assert writes == []
+        # What it lacks is posted as one finding, each missing precondition its evidence.
+        (unsafe,) = [
+            r
+            for r in stub.posted
+            if isinstance(r, Finding) and r.kind is FindingKind.RECOVERY_UNSAFE
+        ]
+        assert unsafe.job_id == "train" and unsafe.state is FindingState.OPEN
+        assert sorted(e.metric for e in unsafe.evidence) == [
+            "job.backoff_limit.workers",
+            "job.pod_failure_policy.workers",
+            "jobset.failure_policy",
+        ]
+        assert all(e.note for e in unsafe.evidence)
+        assert sorted(unsafe.subjects.nodes) == [f"node-{i}" for i in range(4)]
+        # Nothing was carried out: every action it recorded says it was not allowed to act.
+        actions = [r for r in stub.posted if isinstance(r, Action)]
+        assert not [a for a in actions if a.state is ActionState.SUCCEEDED], actions

@@ -59,13 +59,13 @@ class SdkCheckpoint:
     cluster: Cluster
     taken: list[float] = field(default_factory=list)
 
-    def request(self, *, timeout_s: float) -> bool:
+    def request(self, *, timeout_s: float) -> controller.CheckpointOutcome:
         core = client.CoreV1Api(self.cluster.client("test-sdk"))
         core.create_namespaced_config_map(
             NS, {"metadata": {"name": f"ckpt-{len(self.taken)}", "namespace": NS}}
         )
         self.taken.append(time.time())
-        return True
+        return controller.CheckpointOutcome(acked=4, asked=4, committed_step=len(self.taken))
 
 
 def straggler(node: str, slowdown: float = 2.0) -> Finding:
@@ -106,7 +106,11 @@ def executor(
 
 
 def run_controller(
-    cluster: Cluster, ex: kube.KubernetesExecutor, findings: list[Finding], checkpointer: Any = None
+    cluster: Cluster,
+    ex: kube.KubernetesExecutor,
+    findings: list[Finding],
+    checkpointer: Any = None,
+    checkpoint_timeout_s: float = 60.0,
 ) -> tuple[int, k8s_journal.AnnotationJournal]:
     book = k8s_journal.AnnotationJournal(ex.store)
     layout = ex.placement()
@@ -118,6 +122,7 @@ def run_controller(
             hang_confirm_s=0.0,
             min_dp_size=len(layout.active),
             diagnose_timeout_s=20.0,
+            checkpoint_timeout_s=checkpoint_timeout_s,
         ),
         executor=ex,
         journal=book,
