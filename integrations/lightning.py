@@ -21,12 +21,14 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
   Lightning runs forward and backward inside `optimizer.step(closure)`, so the optimizer's own
   step hooks would count them as optimizer time. The SDK gets a stand-in whose step hooks fire
   at those two points;
-- a "checkpoint" control request is honoured at the step's end: the ranks agree on it (a
-  one-element all-reduce per step when `world_size > 1`, since a request reaches each rank's
-  page on its own) and all call `trainer.save_checkpoint(path)`, as Lightning's distributed
-  saves require; `path` is `<checkpoint dir>/vigil-step=<global_step>.ckpt`, the checkpoint dir
-  being `checkpoint_dir`, else the trainer's `ModelCheckpoint.dirpath`, else
-  `<default_root_dir>/checkpoints`;
+- a "checkpoint" control request is honoured at a step's end, the same one on every rank (a
+  request reaches each rank's page on its own, and ranks may see it a step apart): the
+  framework-neutral `hf_control.SaveAgreement` agrees without stalling a step (an async
+  one-integer all-reduce over a gloo group of its own, read one step later), then every rank
+  calls `trainer.save_checkpoint(path)`, as Lightning's distributed saves require. `path` is
+  `<dir>/vigil-step=<global_step>.ckpt`, `dir` being `checkpoint_dir`, else the trainer's
+  `ModelCheckpoint.dirpath`, else `<default_root_dir>/checkpoints`; rank 0 then reports it
+  with `vigil.agent.checkpoint_committed` (the record the recovery controller waits for);
 - the time from one batch's end to the next batch's start (the loader's fetch and Lightning's
   own between-batch work) is a "data" span;
 - MFU from a `ModelShape` (layers, hidden, heads, seq len; `params=0` counts the module's
@@ -34,8 +36,8 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
 - `teardown` (or `on_exception`, which marks the rank failed) shuts the SDK down.
 
 Fail-open: every hook catches its own errors, logs the first few and never raises into training.
-This module imports Lightning (`lightning.pytorch`, else `pytorch_lightning`) and `vigil.agent`;
-it must not import any other vigil subsystem.
+This module imports Lightning (`lightning.pytorch`, else `pytorch_lightning`), `vigil.agent` and
+its sibling `hf_control` (torch only); it must not import any other vigil subsystem.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import torch
 import vigil.agent
 from vigil import flops, schema
 from vigil.env import EnvVar
+from vigil.integrations import hf_control
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -66,10 +69,6 @@ log = logging.getLogger(__name__)
 __all__ = ["VigilCallback", "count_tokens", "model_params"]
 
 _MAX_LOGGED_ERRORS = 5
-# A checkpoint request a rank sees this soon after joining a save its peers asked for is taken
-# as the same request arriving late (the node agent delivers to each rank's page on its own,
-# polling each second); a new one goes to the ranks that asked before too, and is honoured.
-_SAME_REQUEST_S = 30.0
 
 
 def count_tokens(batch: Any) -> int:
@@ -139,6 +138,13 @@ class _Handle:
             self._hooks.remove(self._hook)
 
 
+def _size(path: Path) -> int:
+    """Bytes of a checkpoint file, or of a sharded checkpoint's folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
 class VigilCallback(pl.Callback):
     """Ships vigil step records, phases, collectives and control handling for a Lightning fit.
 
@@ -194,8 +200,7 @@ class VigilCallback(pl.Callback):
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._data: Any = None
-        self._requested = False
-        self._joined_at: float | None = None
+        self._agreement = hf_control.SaveAgreement()
 
     # -- fail-open plumbing ---------------------------------------------------------------
     def _failed(self, where: str, exc: BaseException) -> None:
@@ -254,16 +259,10 @@ class VigilCallback(pl.Callback):
             for optimizer in trainer.optimizers:
                 handle = optimizer.register_step_post_hook(self._hooks.after_step)
                 self._post_handles.append(handle)
-            vigil.agent.on_control("checkpoint", self._on_checkpoint_request)
+            self._agreement.start()  # a gloo group of its own: every rank, same point
+            vigil.agent.on_control("checkpoint", self._agreement.request)
         except Exception as exc:
             self._failed("train_start", exc)
-
-    def _on_checkpoint_request(self) -> None:
-        joined, self._joined_at = self._joined_at, None
-        if joined is not None and time.monotonic() - joined < _SAME_REQUEST_S:
-            log.info("vigil: checkpoint request already honoured with the other ranks")
-            return
-        self._requested = True
 
     # -- steps ----------------------------------------------------------------------------
     def on_train_batch_start(
@@ -324,26 +323,26 @@ class VigilCallback(pl.Callback):
         if self._loss is not None:
             self._handle.set_loss(self._loss / self._micro if self._micro > 1 else self._loss)
         scope.__exit__(None, None, None)  # control callbacks run here, at the boundary
-        requested = self._requested
-        if self._agree(trainer):
+        if self._agreement.save_now():
             self._save(trainer)
-            # A request reaches each rank's page on its own: one that this rank sees only
-            # after a save its peers asked for is, most likely, the same request.
-            self._joined_at = None if requested else time.monotonic()
-
-    def _agree(self, trainer: pl.Trainer) -> bool:
-        """Whether any rank saw a checkpoint request: every rank must save at the same step."""
-        requested, self._requested = self._requested, False
-        if trainer.world_size > 1:
-            return bool(trainer.strategy.reduce_boolean_decision(requested, all=False))
-        return requested
 
     def _save(self, trainer: pl.Trainer) -> None:
         path = self._checkpoint_root(trainer) / f"vigil-step={trainer.global_step}.ckpt"
+        started = time.monotonic()
         with vigil.agent.span("checkpoint"):
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path)  # every rank; it ends in a barrier: all shards written
+        seconds = time.monotonic() - started
         self.checkpoints.append(path)
         log.info("vigil: saved %s on request", path)
+        report = getattr(vigil.agent, "checkpoint_committed", None)  # newer SDKs
+        if report is not None and trainer.global_rank == 0:
+            report(
+                trainer.global_step - 1,  # the last step it holds, numbered as the records are
+                location=str(path.resolve()),
+                num_bytes=_size(path),
+                save_s=seconds,
+                blocked_s=seconds,  # a synchronous save: training waited for all of it
+            )
 
     def _checkpoint_root(self, trainer: pl.Trainer) -> Path:
         if self.checkpoint_dir is not None:
@@ -395,6 +394,7 @@ class VigilCallback(pl.Callback):
             for handle in self._post_handles:
                 handle.remove()
             self._post_handles.clear()
+            self._agreement.close()
             if self._owns_session:
                 self._owns_session = False
                 vigil.agent.shutdown()

@@ -24,8 +24,10 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
   this job's own, independent of vigil; `DIR/job.rank<R>.json` holds what the job itself
   counted per optimizer step (global step, tokens = attention-mask sum, loss) and the
   checkpoints vigil saved; vigil's files go to `DIR/<job>/rank-NNNNN.jsonl` without a
-  collector (with `--collector URL`, also there when `--also-jsonl`); Lightning's checkpoints
-  under `DIR/checkpoints/`.
+  collector (with `--collector URL`, also there when `--also-jsonl`; `$VIGIL_OUTPUT_DIR`, when
+  set, instead of DIR); Lightning's checkpoints under `DIR/checkpoints/`.
+- `--job` (default `$VIGIL_JOB`, else lightning-job) and `--progress-dir` (default
+  `$VIGIL_PROGRESS_DIR`, else /dev/shm/vigil) as the SDK takes them.
 - `--slow-rank R --slow-s S --slow-from STEP`: rank R sleeps S seconds in every `training_step`
   from global step STEP on (a straggler).
 - `--request-checkpoint-at STEP`: once global step STEP is reached, rank 0 runs
@@ -85,7 +87,7 @@ class TinyGPT(pl.LightningModule):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
-        causal = torch.triu(torch.full((t, t), float("-inf"), device=ids.device), diagonal=1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).triu(diagonal=1)
         x = self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
         pad = mask == 0
         for block in self.blocks:
@@ -174,7 +176,9 @@ class StepLog(pl.Callback):
         at = self.args.request_checkpoint_at
         if at is not None and trainer.global_step == at and trainer.global_rank == 0:
             request = [sys.executable, "-m", "vigil", "agent", "--request", "checkpoint"]
-            request += ["--job", self.args.job, "--progress-dir", self.args.progress_dir]
+            request += ["--job", self.args.job]
+            pages = self.args.progress_dir or os.environ.get("VIGIL_PROGRESS_DIR")
+            request += ["--progress-dir", pages] if pages else []
             subprocess.run(request, check=True, timeout=60, capture_output=True)
 
 
@@ -211,7 +215,11 @@ def _callbacks(args: argparse.Namespace, log: StepLog) -> list[pl.Callback]:
     from vigil import schema
     from vigil.integrations.lightning import VigilCallback
 
-    options: dict[str, Any] = {"output_dir": args.out, "progress_dir": args.progress_dir}
+    options: dict[str, Any] = {}  # what is not given comes from the environment (VIGIL_*)
+    if args.progress_dir:
+        options["progress_dir"] = args.progress_dir
+    if not os.environ.get("VIGIL_OUTPUT_DIR"):
+        options["output_dir"] = args.out
     if args.collector:
         options.update(collector=args.collector, also_jsonl=args.also_jsonl)
     else:
@@ -230,7 +238,7 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--job", default="lightning-job")
+    parser.add_argument("--job", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-s", type=float, default=0.0)
@@ -238,8 +246,9 @@ def main() -> None:
     parser.add_argument("--request-checkpoint-at", type=int, default=None)
     parser.add_argument("--collector", default=None)
     parser.add_argument("--also-jsonl", action="store_true")
-    parser.add_argument("--progress-dir", default="/dev/shm/vigil")
+    parser.add_argument("--progress-dir", default=None)
     args = parser.parse_args()
+    args.job = args.job or os.environ.get("VIGIL_JOB") or "lightning-job"
     if args.steps < 1 or args.accumulate < 1 or args.nproc < 1:
         parser.error("--steps, --accumulate and --nproc must be >= 1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
