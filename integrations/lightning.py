@@ -14,9 +14,9 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
   `torch.distributed` functions they call) for forward and backward time;
 - one vigil step per optimizer step, numbered by `trainer.global_step` (the value the step's
   `training_step` calls see), spanning every micro-batch of `accumulate_grad_batches`; its
-  tokens are the batches' (a user `tokens_fn(batch)`, else the `attention_mask` sum, else the
-  `input_ids` element count, else 0) and its loss the micro-batches' mean as a detached tensor
-  (read by the SDK's background thread: no `.item()` in the training thread);
+  tokens are the batches' (a user `tokens_fn(batch)`, else `count_tokens`: the `attention_mask`
+  sum, else the `input_ids` element count, else 0) and its loss the micro-batches' mean as a
+  detached tensor (read by the SDK's background thread: no `.item()` in the training thread);
 - the optimizer phase runs from `on_before_optimizer_step` to the end of `optimizer.step`:
   Lightning runs forward and backward inside `optimizer.step(closure)`, so the optimizer's own
   step hooks would count them as optimizer time. The SDK gets a stand-in whose step hooks fire
@@ -75,12 +75,12 @@ def count_tokens(batch: Any) -> int:
     """Tokens in one batch: the `attention_mask` sum, else the `input_ids` element count, else
     the element count of a lone integer tensor (token ids); 0 when none of these is found.
 
-    A mask on a GPU is summed there and read back: a scalar copy that waits for the batch's
-    transfer. Pass `tokens_fn` to count from host-side data instead."""
+    A mask already on a GPU counts by its size, padding included: its sum would have to be read
+    back from the device, a sync in every step. Pass `tokens_fn` to count exactly there."""
     if isinstance(batch, Mapping):
         mask = batch.get("attention_mask")
         if isinstance(mask, torch.Tensor):
-            return int(mask.sum())
+            return int(mask.sum()) if mask.device.type == "cpu" else mask.numel()
         ids = batch.get("input_ids")
         if isinstance(ids, torch.Tensor):
             return ids.numel()
