@@ -245,13 +245,12 @@ def _held_up(a: arrays_mod.StepArrays, col: int) -> str:
     """`; it holds up the tp group of node-1 (ranks 2, 3)`: the straggler's labelled groups."""
     if a.aggs is None or not len(a.aggs) or not a.agg_keys:
         return ""
-    members = groups.memberships(a.agg_keys, a.aggs.key.tolist(), a.aggs.col.tolist())
-    names = groups.of_member(members, col)
-    if not names:
+    held = groups.held_up(a.agg_keys, a.aggs.key, a.aggs.col, col)
+    if not held:
         return ""
     described = [
-        groups.describe(n, [int(a.ranks[c]) for c in members[n]], [a.nodes[c] for c in members[n]])
-        for n in names
+        groups.describe(name, [int(a.ranks[c]) for c in cols], [a.nodes[c] for c in cols])
+        for name, cols in held
     ]
     return "; it holds up " + " and ".join(described)
 

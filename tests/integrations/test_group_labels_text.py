@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from vigil.analyzer import groups
@@ -35,17 +36,19 @@ def test_many_nodes_are_counted_not_listed() -> None:
 
 
 def test_a_straggler_holds_up_its_labelled_groups_smallest_first() -> None:
-    keys = [("world", "all_reduce"), ("tp:3", "all_reduce"), ("dp:5", "all_reduce"),
-            ("tp:3:p2p:2-3", "p2p")]  # fmt: skip
-    # (key index, column) pairs as StepArrays.aggs holds them: 4 ranks in world, tp {2, 3},
-    # dp {1, 3}, a p2p pair.
+    keys = [
+        ("world", "all_reduce"), ("tp:3", "all_reduce"), ("dp:5", "all_reduce"),
+        ("tp:3:p2p:2-3", "p2p"), ("dp_tp:8", "all_reduce"), ("dp:5", "reduce_scatter"),
+    ]  # fmt: skip
+    # (key index, column) of each aggregate, as StepArrays.aggs holds them, two steps' worth: 4
+    # ranks in world and dp_tp, tp {2, 3}, dp {1, 3}, a p2p pair {2, 3}.
     rows = [(0, c) for c in range(4)] + [(1, 2), (1, 3), (2, 1), (2, 3), (3, 2), (3, 3)]
-    members = groups.memberships(keys, [k for k, _ in rows], [c for _, c in rows])
-    assert members == {
-        "world": {0, 1, 2, 3},
-        "tp:3": {2, 3},
-        "dp:5": {1, 3},
-        "tp:3:p2p:2-3": {2, 3},
-    }
-    assert groups.of_member(members, 3) == ["dp:5", "tp:3"]  # no world, no pair
-    assert groups.of_member(members, 0) == []
+    rows += [(4, c) for c in range(4)] + [(5, 1), (5, 3)]  # dp's second op class: one group
+    key, col = (np.array([r[i] for r in rows * 2], dtype=np.int64) for i in (0, 1))
+    assert groups.held_up(keys, key, col, 3) == [
+        ("dp:5", [1, 3]),
+        ("tp:3", [2, 3]),
+        ("dp_tp:8", [0, 1, 2, 3]),
+    ]  # no world, no pair; the smallest groups first
+    assert groups.held_up(keys, key, col, 3, limit=1) == [("dp:5", [1, 3])]
+    assert groups.held_up(keys, key, col, 0) == [("dp_tp:8", [0, 1, 2, 3])]
