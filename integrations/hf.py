@@ -23,7 +23,9 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
   step, or summed and scaled by the ranks when Trainer normalises it by the step's items), a
   detached tensor the SDK reads off the training thread, so no device sync;
 - a "checkpoint" request sets `control.should_save` at a step end every rank agrees on
-  (`hf_control`), so Trainer writes its own `checkpoint-N` folder.
+  (`hf_control`), so Trainer writes its own `checkpoint-N` folder; once Trainer has saved one
+  (on request or by its own `save_strategy`), world rank 0 reports it to vigil
+  (`vigil.agent.checkpoint_committed`, where the SDK has it: step, folder, bytes, save time).
 
 Data loading is outside the step records: Trainer fetches a step's micro-batches before
 `on_step_begin`. Token counts on an accelerator: a mask already on the device is counted by its
@@ -39,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import types
 from typing import Any
 
@@ -94,6 +97,7 @@ class VigilCallback(transformers.TrainerCallback):
     def _reset(self) -> None:
         self._owns_session = False
         self._active = False
+        self._saving_since = 0.0
         self._scope: Any = None
         self._handle: Any = None
         self._hooks: list[Any] = []
@@ -138,9 +142,18 @@ class VigilCallback(transformers.TrainerCallback):
             if self._agreement.save_now():
                 log.info("vigil: checkpoint requested: saving at step %d", state.global_step)
                 control.should_save = True
+            self._saving_since = time.monotonic()  # Trainer saves after on_step_end returns
         except Exception as exc:
             self._error(exc)
         return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._active or not getattr(state, "is_world_process_zero", True):
+            return
+        try:
+            _report_checkpoint(args, state, self._saving_since)
+        except Exception as exc:
+            self._error(exc)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self._active:
@@ -297,6 +310,22 @@ def _job_name(args: Any) -> str:
         if isinstance(name, str) and name.strip("/"):
             return os.path.basename(os.path.normpath(name)).replace("/", "-") or "hf-trainer"
     return "hf-trainer"
+
+
+def _report_checkpoint(args: Any, state: Any, since: float) -> None:
+    """Tell vigil (the recovery controller's "checkpoint now" waits for it) that Trainer's
+    `checkpoint-<global_step>` folder is written, where the SDK can say so."""
+    report = getattr(vigil.agent, "checkpoint_committed", None)
+    folder = os.path.join(str(args.output_dir), f"checkpoint-{state.global_step}")
+    if report is None or not os.path.isdir(folder):
+        return
+    size = sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(folder)
+        for name in names
+    )
+    seconds = max(0.0, time.monotonic() - since) if since else 0.0
+    report(state.global_step, location=folder, num_bytes=size, save_s=seconds, blocked_s=seconds)
 
 
 def _calling_trainer() -> Any:

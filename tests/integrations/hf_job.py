@@ -151,7 +151,7 @@ def training_args(case: dict[str, Any], out: Path, ns: argparse.Namespace) -> An
         gradient_accumulation_steps=case.get("grad_accum", 1),
         learning_rate=1e-3,
         save_strategy="no",  # only a "checkpoint" request saves
-        logging_steps=1,
+        logging_steps=10,
         report_to="none",
         disable_tqdm=True,
         use_cpu=cpu,
@@ -178,7 +178,16 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
     log = JobLog(case, rank)
     callbacks: list[Any] = [log]
     if case.get("vigil", True):
-        callbacks.insert(0, VigilCallback(job=case["job"], output_dir=str(out / "vigil")))
+        # One case alone (the benchmark's) reports as $VIGIL_JOB says, into $VIGIL_OUTPUT_DIR,
+        # as a user's script would; named cases each as a job of their own under DIR/vigil/.
+        named = ns.cases is not None or not os.environ.get(EnvVar.JOB)
+        output_dir = os.environ.get(EnvVar.OUTPUT_DIR) if ns.cases is None else None
+        callbacks.insert(
+            0,
+            VigilCallback(
+                job=case["job"] if named else None, output_dir=output_dir or str(out / "vigil")
+            ),
+        )
     args = training_args(case, out, ns)
     steps_needed = case["steps"] * case.get("grad_accum", 1) * BATCH * args.world_size
     trainer = CountingTrainer(

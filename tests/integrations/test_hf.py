@@ -3,7 +3,7 @@
 One launch of `hf_job.py` (a user's Trainer script: tiny GPT-2 from a config, random weights,
 variable-length padded samples, gradient_accumulation_steps=2) runs its cases in turn: a clean
 job, during which the test asks every rank for a checkpoint through its progress page once they
-are past step 2 (what `vigil agent --request checkpoint` and the node agent do), a job with a 2x
+are past step 2 (what `vigil agent --request checkpoint` and the node agent do), a job with a 3x
 straggler on rank 1, and a job asking Trainer for FSDP on CPU. Three ranks, not two:
 with two, the median of each step's compute is the mean of the two ranks and the straggler
 detector's robust z-score (median/MAD) cannot exceed 0.7, whichever rank is slow.
@@ -148,7 +148,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "job": "hf-straggler",
             "steps": STEPS + 2,
             "grad_accum": 2,
-            "slow": {"rank": SLOW_RANK, "factor": 2.0},
+            "slow": {"rank": SLOW_RANK, "factor": 3.0},
         },
         {"job": "hf-fsdp-on-cpu", "steps": 2, "grad_accum": 1, "parallel": "fsdp"},
     ]
