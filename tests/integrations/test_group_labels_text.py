@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vigil import schema
 from vigil.analyzer import groups
 
 
@@ -52,3 +53,21 @@ def test_a_straggler_holds_up_its_labelled_groups_smallest_first() -> None:
     ]  # no world, no pair; the smallest groups first
     assert groups.held_up(keys, key, col, 3, limit=1) == [("dp:5", [1, 3])]
     assert groups.held_up(keys, key, col, 0) == [("dp_tp:8", [0, 1, 2, 3])]
+
+
+def test_a_hang_names_the_group_it_stopped_in_by_label_and_ranks() -> None:
+    from vigil.analyzer import config as config_mod
+    from vigil.analyzer import hangs
+
+    tracker = hangs.HangTracker("job", config_mod.HangConfig())
+    for step in range(20):
+        tracker.observe_step_time(step, 100.0 + step * 0.25, 0.25)
+    # dp x tp: rank 3 never entered all-reduce #31 of its tp group, which rank 2 waits in.
+    for rank, seq in ((0, 31), (1, 31), (2, 31), (3, 30)):
+        tracker.observe_seq(rank, f"tp:{11 + rank // 2}", seq, "all_reduce")
+    tracker.observe_position(2, "tp:12", 31, "all_reduce", schema.RankState.IN_COLLECTIVE)
+    finding = tracker.check(130.0)
+    assert finding is not None and finding.subjects.ranks == [3]
+    assert "never entered all_reduce #31 of group 'tp:12', the tp group (ranks 2, 3), that" in (
+        finding.summary
+    )
