@@ -110,7 +110,7 @@ def test_a_hang_stops_everyone_who_waits_for_the_culprit_in_that_collective() ->
 
 def test_heartbeats_are_lost_at_the_configured_rate() -> None:
     job = ob.run(ob.JobConfig(dp=16, num_steps=20, heartbeat_loss=0.25, seed=2))
-    start = job.logs[0].data_spans[0][0]
+    start = job.ranks[0].page.data_spans[0][0]
     sent = list(job.heartbeats(start, job.end_s()))
     expected = 16 * (job.end_s() - start) / job.cfg.heartbeat_interval_s
     assert 0.6 * expected < len(sent) < 0.9 * expected

@@ -14,12 +14,12 @@ module models what happens and lets the SDK measure it:
 - every rank has its host's clocks: a monotonic clock with its own origin and a wall clock off
   true time by the host's offset; heartbeats go out once per flush interval, some are lost.
 
-Each rank's ops (enqueue and completion on its own monotonic clock) are replayed into a real
-`vigil.agent.collectives.CollectiveRecorder` (fake groups, a fake clock; no process group is
-needed), and each step's records are built by the SDK's own `vigil.agent.background.Background
-.settle` from what the recorder kept. Heartbeats carry what the rank's progress page would say
-at their instant (last step, last collective entered, state). So the analyzer sees what it
-would see from real ranks, not the quantities it assumes.
+Each rank's ops (enqueue and completion) go to its `observed_sdk.RankSdk`, which replays them on
+the rank's own host clock into a real `vigil.agent.collectives.CollectiveRecorder` and builds
+each step's records with the SDK's own `vigil.agent.background.Background.settle`; heartbeats
+carry what the rank's progress page would say at their instant (last step, last collective
+entered, state). So the analyzer sees what it would see from real ranks, not the quantities
+it assumes.
 
 A hang stops its rank at a position in one step: the rank's time becomes infinite there, and so
 does every op that waits for it, transitively (no other rule decides who is stuck).
@@ -29,28 +29,20 @@ Test support only (it imports the SDK, which imports torch): no I/O, no real clo
 
 from __future__ import annotations
 
-import collections
 import enum
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
+from tests.support import observed_sdk as sdk
 from vigil import schema
-from vigil.agent import background, collectives, config, sinks
-from vigil.agent import mfu as mfu_mod
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-PEAK_FLOPS = 1e15
-FLOPS_PER_TOKEN = 6 * 7e9  # a 7B model
-T0 = 1.8e9  # true time of the job's start (a wall-clock instant)
-_ONE_BYTE = torch.empty(1, dtype=torch.uint8)  # an op's bytes: this x `scale_bytes`
 
 
 class Position(enum.StrEnum):
@@ -151,49 +143,6 @@ class HangTruth:
     onset_s: float  # true time the rank stopped
 
 
-class _Group:
-    """Stands in for a ProcessGroup: the recorder names it from these two attributes."""
-
-    def __init__(self, desc: str, name: str) -> None:
-        self.group_desc, self.group_name = desc, name
-
-
-@dataclass
-class _Op:
-    """One op instance on a batch of ranks (true seconds; inf: never happened)."""
-
-    ranks: I64
-    begin: F64
-    end: F64
-    groups: list[Any]  # per member
-    op: str
-    nbytes: int
-    blocking: bool
-    overlapped: bool = False
-
-
-@dataclass
-class _RankLog:
-    """What a rank's progress page would show over time: its ops and its steps."""
-
-    op_begin: list[float] = field(default_factory=list)
-    op_end: list[float] = field(default_factory=list)
-    op_where: list[tuple[str, int, str, bool]] = field(default_factory=list)
-    step_end: list[float] = field(default_factory=list)
-    data_spans: list[tuple[float, float]] = field(default_factory=list)
-
-
-@dataclass
-class _Sdk:
-    """One rank's SDK parts: the recorder, the flusher's half, the fake clock they read."""
-
-    recorder: collectives.CollectiveRecorder
-    flusher: background.Background
-    now: list[float]
-    ended: collections.deque[background.EndedStep]
-    queue: sinks.RecordQueue
-
-
 class _Layout:
     """Ranks (Megatron order: tp fastest, pp slowest), their groups and p2p pairs."""
 
@@ -204,14 +153,14 @@ class _Layout:
         self.tp_groups = grid.reshape(pp * dp, tp) if tp > 1 else None
         self.dp_groups = grid.transpose(0, 2, 1).reshape(pp * tp, dp) if dp > 1 else None
         world = tp == pp == 1
-        self.tp_objs = [_Group("tp", str(i)) for i in range(pp * dp)]
-        self.dp_objs = [None if world else _Group("dp", str(100 + i)) for i in range(pp * tp)]
-        self.pairs: dict[tuple[int, int], _Group] = {}
+        self.tp_objs = [sdk.Group("tp", str(i)) for i in range(pp * dp)]
+        self.dp_objs = [None if world else sdk.Group("dp", str(100 + i)) for i in range(pp * tp)]
+        self.pairs: dict[tuple[int, int], sdk.Group] = {}
         for s in range(pp - 1):
             for lo, hi in zip(self.stage[s].tolist(), self.stage[s + 1].tolist(), strict=True):
                 # As the recorder names a pair of a labelled pp group (`pp:<id>:p2p:<lo>-<hi>`):
                 # its peer naming calls dist.get_rank(), which needs a process group.
-                self.pairs[(lo, hi)] = _Group("pp", f"{200 + s}:p2p:{lo}-{hi}")
+                self.pairs[(lo, hi)] = sdk.Group("pp", f"{200 + s}:p2p:{lo}-{hi}")
         self.nodes = np.arange(cfg.num_ranks) // cfg.ranks_per_node
 
 
@@ -227,8 +176,7 @@ class Job:
         self.wall_offset = self.rng.normal(0.0, cfg.clock_offset_s, num_nodes)
         self.mono_origin = self.rng.uniform(1e3, 1e6, num_nodes)
         self.speed = self.rng.lognormal(0.0, cfg.rank_spread, n)
-        self.t = np.full(n, T0)  # true time, per rank
-        self.logs = [_RankLog() for _ in range(n)]
+        self.t = np.full(n, sdk.T0)  # true time, per rank
         self.records: list[schema.Record] = []  # identity (Job, RankInfo)
         # (true time it reached the collector, records): each rank's step records and
         # aggregates, shipped at its flusher's next tick after the step's end.
@@ -237,7 +185,13 @@ class Job:
         self.hang: HangTruth | None = None
         self.slow_nic = {f.rank: f for f in cfg.faults if f.kind is FaultKind.SLOW_LINK}
         self._loaded = self._load_steps()
-        self._sdk = [self._rank_sdk(r) for r in range(n)]
+        self.ranks = [
+            sdk.RankSdk(
+                job_id=cfg.job_id, rank=r, world_size=n, mono_origin=self._host(r)[0],
+                wall_offset=self._host(r)[1],
+            )
+            for r in range(n)
+        ]  # fmt: skip
         self.records.extend(self._identity())
         self.steps_done = 0
 
@@ -253,33 +207,15 @@ class Job:
         node = int(self.layout.nodes[rank])
         return float(self.mono_origin[node]), float(self.wall_offset[node])
 
-    def _rank_sdk(self, rank: int) -> _Sdk:
-        mono, wall = self._host(rank)
-        now = [0.0]
-        rec = collectives.CollectiveRecorder(
-            page=None, on_error=_raise, clock=lambda: now[0], wall_offset_s=T0 + wall - mono
-        )
-        sdk_cfg = config.SdkConfig(
-            job=self.cfg.job_id, rank=rank, world_size=self.cfg.num_ranks,
-            progress_dir=Path("/nonexistent"), measure_cpu_peak=False,
-        )  # fmt: skip
-        queue, ended = sinks.RecordQueue(1 << 20), collections.deque[background.EndedStep]()
-        bg = background.Background(
-            cfg=sdk_cfg, queue=queue, recorder=rec,
-            page_path=Path("/nonexistent"), ended=ended,
-            clock=lambda: now[0], wall_offset_s=T0 + wall - mono,
-            flops_per_token=lambda: FLOPS_PER_TOKEN, cuda_device=lambda: None,
-            write_health=lambda: None, dump_evidence=lambda _reason: None,
-        )  # fmt: skip
-        bg.peak_memory_bytes = 40 << 30  # the device's, as the flusher reads it (not ours)
-        return _Sdk(rec, bg, now, ended, queue)
-
     def _identity(self) -> list[schema.Record]:
         cfg = self.cfg
         layout = schema.ParallelLayout(dp=cfg.dp, tp=cfg.tp, pp=cfg.pp)
         out: list[schema.Record] = [
             schema.Job(
-                job_id=cfg.job_id, world_size=cfg.num_ranks, layout=layout, peak_flops=PEAK_FLOPS
+                job_id=cfg.job_id,
+                world_size=cfg.num_ranks,
+                layout=layout,
+                peak_flops=sdk.PEAK_FLOPS,
             )
         ]
         out.extend(
@@ -318,26 +254,26 @@ class Job:
         return self.rng.exponential(self.cfg.completion_skew_s, shape)
 
     def _collective(
-        self, ops: list[_Op], members: I64, objs: list[Any], op: str, nbytes: int, base_s: float
+        self, ops: list[sdk.Op], members: I64, objs: list[Any], op: str, nbytes: int, base_s: float
     ) -> None:
         """A blocking collective over each row of `members`."""
         arrive = self.t[members]
         end = arrive.max(axis=1, keepdims=True) + self._transfer(base_s, members)[:, None]
         end = end + self._skew(members.shape)
         groups = [objs[g] for g in range(members.shape[0]) for _ in range(members.shape[1])]
-        ops.append(_Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups, op,
+        ops.append(sdk.Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups, op,
                        nbytes, blocking=True))  # fmt: skip
         self.t[members] = end
 
-    def _p2p(self, ops: list[_Op], src: I64, dst: I64, sent: F64, nbytes: int) -> None:
+    def _p2p(self, ops: list[sdk.Op], src: I64, dst: I64, sent: F64, nbytes: int) -> None:
         """Blocking send (issued at `sent`) from each `src` to its `dst`, which receives now."""
         recv_at = self.t[dst]
         pairs = np.stack([src, dst], axis=1)
         done = np.maximum(sent, recv_at) + self._transfer(self.cfg.p2p_transfer_s, pairs)
         objs = [self.layout.pairs[(min(a, b), max(a, b))] for a, b in pairs.tolist()]
         end_src, end_dst = done + self._skew(done.shape), done + self._skew(done.shape)
-        ops.append(_Op(src, sent, end_src, objs, "send", nbytes, blocking=True))
-        ops.append(_Op(dst, recv_at, end_dst, objs, "recv", nbytes, blocking=True))
+        ops.append(sdk.Op(src, sent, end_src, objs, "send", nbytes, blocking=True))
+        ops.append(sdk.Op(dst, recv_at, end_dst, objs, "recv", nbytes, blocking=True))
         self.t[src], self.t[dst] = end_src, end_dst
 
     def _stop(self, rank: int, step: int) -> None:
@@ -360,7 +296,7 @@ class Job:
         for f in cfg.faults:
             if f.kind is FaultKind.STRAGGLER:
                 extra[f.position][f.rank] += f.extra(i, cfg.compute_s * float(self.speed[f.rank]))
-        ops: list[_Op] = []
+        ops: list[sdk.Op] = []
         start = self.t.copy()
         if hang is not None and stop_at is Position.DATA:
             self._stop(hang.rank, i)
@@ -388,11 +324,14 @@ class Job:
         if hang is not None and stop_at is Position.OPTIMIZER:
             self._stop(hang.rank, i)
         self.t += compute * (1 - 1 / 3 - 0.6) + extra[Position.OPTIMIZER]
-        phases = (fwd_end - fwd_start, bwd_end - fwd_end, self.t - bwd_end)
-        self._record(i, ops, start, data_end, phases)
+        times = sdk.StepTimes(
+            start=start, data_end=data_end, end=self.t.copy(), forward_s=fwd_end - fwd_start,
+            backward_s=bwd_end - fwd_end, optimizer_s=self.t - bwd_end,
+        )  # fmt: skip
+        self._record(i, ops, times)
         self.steps_done += 1
 
-    def _passes(self, ops: list[_Op], chunk: F64, *, forward: bool) -> None:
+    def _passes(self, ops: list[sdk.Op], chunk: F64, *, forward: bool) -> None:
         """Forward (or backward) over every micro-batch and stage, layer by layer."""
         cfg, lay = self.cfg, self.layout
         stages = range(cfg.pp) if forward else range(cfg.pp - 1, -1, -1)
@@ -413,7 +352,7 @@ class Job:
                 if 0 <= s + step_dir < cfg.pp:
                     sent[s] = self.t[here].copy()  # blocked in its send until the peer receives
 
-    def _ddp_backward(self, ops: list[_Op], bwd: F64) -> None:
+    def _ddp_backward(self, ops: list[sdk.Op], bwd: F64) -> None:
         """`bwd`: each rank's whole backward compute."""
         # Backward in `buckets` chunks, each launching an all-reduce that overlaps the rest;
         # backward ends when its own compute and the last bucket are done.
@@ -434,83 +373,18 @@ class Job:
             groups = [
                 lay.dp_objs[g] for g in range(members.shape[0]) for _ in range(members.shape[1])
             ]
-            ops.append(_Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups,
+            ops.append(sdk.Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups,
                            "ddp_all_reduce", 1 << 24, blocking=False, overlapped=True))  # fmt: skip
             last_end = end
         if members is not None and last_end is not None:
             self.t[members] = np.maximum(self.t[members], last_end)
 
     # -- through the SDK ----------------------------------------------------------------------
-    def _record(
-        self,
-        step: int,
-        ops: list[_Op],
-        start: F64,
-        data_end: F64,
-        phases: tuple[F64, F64, F64],
-    ) -> None:
-        per_rank: list[list[tuple[float, int, int, _Op]]] = [[] for _ in range(self.cfg.num_ranks)]
-        for k, op in enumerate(ops):
-            for j, (r, b, e) in enumerate(
-                zip(op.ranks.tolist(), op.begin.tolist(), op.end.tolist(), strict=True)
-            ):
-                per_rank[r].append((b, 1, k * 1_000_000 + j, op))
-                per_rank[r].append((e, 0, k * 1_000_000 + j, op))
-        for r in range(self.cfg.num_ranks):
-            self._replay(r, step, per_rank[r], start, data_end, phases)
-
-    def _replay(
-        self,
-        r: int,
-        step: int,
-        events: list[tuple[float, int, int, _Op]],
-        start: F64,
-        data_end: F64,
-        phases: tuple[F64, F64, F64],
-    ) -> None:
-        sdk = self._sdk[r]
-        rec, now = sdk.recorder, sdk.now
-        mono, _wall = self._host(r)
-        log = self.logs[r]
-        rec.step = step
-        events.sort(key=lambda e: (e[0], e[1], e[2]))
-        pending: dict[int, tuple[Any, int]] = {}
-        for t, is_begin, key, op in events:
-            if not np.isfinite(t):
-                break
-            now[0] = t - T0 + mono
-            j = key % 1_000_000
-            if is_begin:
-                p = rec.begin(op.op, op.groups[j], _ONE_BYTE, None, blocking=op.blocking,
-                              scale_bytes=op.nbytes, overlapped=op.overlapped)  # fmt: skip
-                pending[key] = (p, len(log.op_begin))
-                log.op_begin.append(t)
-                log.op_end.append(np.inf)
-                log.op_where.append((p.site.group, p.seq, op.op, op.blocking))
-            elif key in pending:
-                p, index = pending.pop(key)
-                rec.finish(p, sync=op.blocking)
-                log.op_end[index] = t
-        end = float(self.t[r])
-        log.data_spans.append((float(start[r]), float(data_end[r])))
-        if not np.isfinite(end):
-            return  # the step never ended: no record (its ops stay in the recorder)
-        now[0] = end - T0 + mono
-        aggs, blocked, _total = rec.swap()
-        seconds = end - float(start[r])
-        tokens = 4096
-        util = mfu_mod.mfu(flops_per_token=FLOPS_PER_TOKEN, tokens=tokens, seconds=seconds,
-                           peak_flops=PEAK_FLOPS)  # fmt: skip
-        s0 = float(start[r]) - T0 + mono
-        sdk.ended.append(
-            background.EndedStep(
-                step, s0, now[0], tokens, 2.0, float(phases[0][r]), float(phases[1][r]),
-                float(phases[2][r]), blocked, aggs, {"data": float(data_end[r] - start[r])}, util,
-            )
-        )  # fmt: skip
-        sdk.flusher.settle()
-        self.shipped.append((end + float(self._ship_lag[r]), sdk.queue.drain()))
-        log.step_end.append(end)
+    def _record(self, step: int, ops: list[sdk.Op], times: sdk.StepTimes) -> None:
+        for r, events in enumerate(sdk.events_by_rank(ops, self.cfg.num_ranks)):
+            batch = self.ranks[r].record_step(step, events, times)
+            if batch:
+                self.shipped.append((float(times.end[r] + self._ship_lag[r]), batch))
 
     # -- what the collector receives ----------------------------------------------------------
     def run(self) -> None:
@@ -524,24 +398,7 @@ class Job:
 
     def heartbeat(self, rank: int, true_s: float) -> schema.Heartbeat:
         """What rank's flusher would send at `true_s`, read off its progress page."""
-        log = self.logs[rank]
-        last_step = int(np.searchsorted(log.step_end, true_s, side="right")) - 1
-        k = int(np.searchsorted(log.op_begin, true_s, side="right")) - 1
-        group, seq, op, state = "", 0, "", schema.RankState.COMPUTE
-        if k >= 0:
-            group, seq, op, blocking = log.op_where[k]
-            if blocking and log.op_end[k] > true_s:
-                state = schema.RankState.IN_COLLECTIVE
-        spans = log.data_spans
-        if spans and last_step + 1 < len(spans):
-            s0, s1 = spans[last_step + 1]
-            if s0 <= true_s < s1 or (s0 <= true_s and not np.isfinite(s1)):
-                state = schema.RankState.DATA
-        _mono, wall = self._host(rank)
-        return schema.Heartbeat(
-            job_id=self.cfg.job_id, rank=rank, time_s=true_s + wall, last_step=last_step,
-            last_group=group, last_seq=seq, last_op=op, state=state,
-        )  # fmt: skip
+        return self.ranks[rank].heartbeat(true_s)
 
     def heartbeats(self, start_s: float, end_s: float) -> Iterator[tuple[float, schema.Heartbeat]]:
         """(true send time, heartbeat) of every rank's flusher ticks in [start_s, end_s), time
@@ -566,17 +423,14 @@ class Job:
     def all_records(self) -> list[schema.Record]:
         """Everything the job shipped, heartbeats included (what `vigil analyze` would read)."""
         out = [*self.records, *(r for _t, batch in self.shipped for r in batch)]
-        start = float(min(log.data_spans[0][0] for log in self.logs))
+        start = float(min(rank.page.data_spans[0][0] for rank in self.ranks))
         out.extend(hb for _t, hb in self.heartbeats(start, self.end_s() + 0.01))
         return out
 
     def end_s(self) -> float:
         """True time the last rank ended its last recorded step."""
-        return max((log.step_end[-1] for log in self.logs if log.step_end), default=0.0)
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
+        ends = [rank.page.step_end[-1] for rank in self.ranks if rank.page.step_end]
+        return max(ends, default=0.0)
 
 
 def run(cfg: JobConfig) -> Job:

@@ -12,7 +12,13 @@ jitter and rare heavy-tailed hiccups (GC pauses, page faults). Faults: straggler
 at (step, rank, collective), slow link between two nodes, GPU throttling (clocks and NVML
 throttle reasons drop with compute), data stall, pipeline-stage and sequence-length imbalance.
 
-Pure and deterministic for a given seed: no clocks, no I/O. Tests and benchmarks use it.
+This is the analyzer's own measurement model written straight into `StepArrays` (each rank's
+wait is the slowest arrival minus its own, the true transfer time is passed in, positions and
+heartbeats are perfect): detector unit tests use it, and `bench/detect.py` uses it only as the
+input of its scale figures. Detection quality is measured on `observed.py`, which models what
+ranks do and lets the SDK's own code measure it.
+
+Pure and deterministic for a given seed: no clocks, no I/O.
 """
 
 from __future__ import annotations
