@@ -230,6 +230,13 @@ class VigilCallback(pl.Callback):
     def _start(self, pl_module: pl.LightningModule) -> None:
         if vigil.agent.current() is not None:
             self._active = True  # the user's own session: theirs to shut down
+            ignored = [*self.init_options, *(["model_shape"] if self.model_shape else [])]
+            ignored += ["peak_flops"] if self.peak_flops else []
+            if self.job or ignored:
+                log.warning(
+                    "vigil: a session runs already; VigilCallback uses it and ignores %s",
+                    ", ".join(["job", *ignored] if self.job else ignored),
+                )
             return
         shape = self.model_shape
         if shape is not None and shape.params == 0:

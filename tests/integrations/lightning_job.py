@@ -5,7 +5,7 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
 
     python tests/integrations/lightning_job.py --out DIR [--steps N] [--no-vigil]
         [--strategy ddp|fsdp2|fsdp|fsdp-cpu] [--accelerator cpu|cuda] [--accumulate K]
-        [--nproc N] [--job NAME] [--seed S]
+        [--batch B] [--nproc N] [--job NAME] [--seed S]
         [--slow-rank R --slow-s SECONDS --slow-from STEP] [--request-checkpoint-at STEP]
         [--collector URL] [--progress-dir DIR] [--also-jsonl]
 
@@ -17,7 +17,8 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
   each block and the root in `configure_model`: Lightning's FSDP that runs on CPU), fsdp
   (FSDPStrategy, FSDP1: CUDA only) or fsdp-cpu (FSDPStrategy past Lightning's CPU refusal, to
   show where torch stops it: `FSDP needs a non-CPU accelerator device`).
-- `--steps N`: optimizer steps (`max_steps`), each of `--accumulate K` micro-batches (default 1).
+- `--steps N`: optimizer steps (`max_steps`), each of `--accumulate K` micro-batches (default 1)
+  of `--batch B` sequences per rank (default 8: ~20 ms steps on a free CPU core).
 - `--no-vigil`: the identical training without the callback (vigil is not imported at all).
 - `--out DIR`: `DIR/step_times.rank<R>.json` is the list of per-optimizer-step wall seconds (each
   from the previous step's end, the first from the fit's start) measured by a plain Callback of
@@ -237,6 +238,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--job", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -249,15 +251,15 @@ def main() -> None:
     parser.add_argument("--progress-dir", default=None)
     args = parser.parse_args()
     args.job = args.job or os.environ.get("VIGIL_JOB") or "lightning-job"
-    if args.steps < 1 or args.accumulate < 1 or args.nproc < 1:
-        parser.error("--steps, --accumulate and --nproc must be >= 1")
+    if min(args.steps, args.accumulate, args.nproc, args.batch) < 1:
+        parser.error("--steps, --accumulate, --batch and --nproc must be >= 1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     external = os.environ.get("WORLD_SIZE")
     devices = int(external) if external else args.nproc
     pl.seed_everything(args.seed, verbose=False)
     module = TinyGPT(slow_rank=args.slow_rank, slow_s=args.slow_s, slow_from=args.slow_from)
-    samples = args.steps * args.accumulate * BATCH * devices
-    loader = DataLoader(PaddedTokens(samples, args.seed), batch_size=BATCH)
+    samples = args.steps * args.accumulate * args.batch * devices
+    loader = DataLoader(PaddedTokens(samples, args.seed), batch_size=args.batch)
     log = StepLog(args)
     trainer = pl.Trainer(
         accelerator=args.accelerator,

@@ -8,6 +8,7 @@ rules, N for MFU, and that a broken or disabled SDK never stops training.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,19 @@ def test_mfu_params_leave_out_embedding_tables_but_count_a_tied_head() -> None:
     assert model_params(tied) == 40  # one table, used as the head's matmul
 
 
-def test_a_users_own_session_is_used_and_a_request_saves_a_checkpoint(tmp_path: Path) -> None:
+def test_a_users_own_session_is_used_and_a_request_saves_a_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     session = vigil.agent.init(job="own", **_options(tmp_path))
     assert session is not None
-    callback = VigilCallback(tokens_fn=lambda batch: 7)
+    callback = VigilCallback(job="other", tokens_fn=lambda batch: 7)
     try:
-        _fit(tmp_path, [_RequestAt(1), callback])
+        with caplog.at_level(logging.WARNING, logger="vigil.integrations.lightning"):
+            _fit(tmp_path, [_RequestAt(1), callback])
         assert vigil.agent.current() is session  # the user's to shut down
     finally:
         vigil.agent.shutdown()
+    assert "a session runs already; VigilCallback uses it and ignores job" in caplog.text
     steps = _records(tmp_path / "out" / "own", "step")
     assert [r["step"] for r in steps] == [0, 1, 2, 3]
     assert [r["tokens"] for r in steps] == [14] * 4  # tokens_fn, two micro-batches a step
