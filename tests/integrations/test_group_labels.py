@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,9 @@ def _spawn(target: Any, out: Path, timeout_s: float) -> None:
     procs = [ctx.Process(target=target, args=(r, port, str(out))) for r in range(WORLD)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout_s
     for p in procs:
-        p.join(timeout_s)
+        p.join(max(1.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.kill()
