@@ -27,7 +27,8 @@ usual. A forward-only call (evaluation) is not timed. Fail-open like every SDK h
 schedule's own errors propagate untouched, vigil's are counted.
 
 On CPU (gloo), megatron-core 0.16.1's `initialize_model_parallel` runs and every group is
-labelled (tests/integrations/test_megatron.py, 4 ranks, tp=2 x pp=2 and dp=2 x tp=2), but no
+labelled (tests/integrations/test_megatron.py, 4 ranks, tp=2 x pp=2 and dp=2 x tp=2; only its
+`use_sharp=True` path and `update_pg_timeout` call into CUDA), but no
 schedule runs: each allocates a CUDA tensor before the first micro-batch
 (`torch.zeros([], dtype=torch.int, device="cuda")`, megatron/core/pipeline_parallel/
 schedules.py line 596 without pipelining, 983 interleaved, 2138 1F1B), and pipeline
