@@ -96,7 +96,8 @@ class VigilCallback(transformers.TrainerCallback):
 
     def _reset(self) -> None:
         self._owns_session = False
-        self._active = False
+        self._active = False  # this rank's session runs: steps are recorded
+        self._agreeing = False  # this rank takes part in the checkpoint agreement
         self._saving_since = 0.0
         self._scope: Any = None
         self._handle: Any = None
@@ -119,8 +120,16 @@ class VigilCallback(transformers.TrainerCallback):
         self._shape_model = model if isinstance(model, torch.nn.Module) else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._reset()
         try:
             self._begin(args, kwargs, _calling_trainer())
+        except Exception as exc:
+            self._error(exc)
+        # Every rank joins the agreement, whether its own session started or not: a rank
+        # that left it out would leave its peers waiting in its collectives.
+        try:
+            self._agreement.start()
+            self._agreeing = True
         except Exception as exc:
             self._error(exc)
 
@@ -135,10 +144,14 @@ class VigilCallback(transformers.TrainerCallback):
             self._error(exc)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if not self._active:
+        if self._active:
+            try:
+                self._end_step(args)
+            except Exception as exc:
+                self._error(exc)
+        if not self._agreeing:
             return None
         try:
-            self._end_step(args)
             if self._agreement.save_now():
                 log.info("vigil: checkpoint requested: saving at step %d", state.global_step)
                 control.should_save = True
@@ -156,6 +169,12 @@ class VigilCallback(transformers.TrainerCallback):
             self._error(exc)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._agreeing:
+            self._agreeing = False
+            try:
+                self._agreement.close()
+            except Exception as exc:
+                self._error(exc)
         if not self._active:
             return
         try:
@@ -165,7 +184,6 @@ class VigilCallback(transformers.TrainerCallback):
 
     # -- the work -------------------------------------------------------------------------
     def _begin(self, args: Any, kwargs: dict[str, Any], trainer: Any) -> None:
-        self._reset()
         model = kwargs.get("model")
         # DDP's all-reduce runs in C++ and is reached only through its wrapper's comm hook;
         # callbacks are handed Trainer's unwrapped model, its caller holds the wrapper.
@@ -195,7 +213,6 @@ class VigilCallback(transformers.TrainerCallback):
                 wrapped.register_forward_pre_hook(self._micro.before_forward, with_kwargs=True)
             )
             self._hooks.append(wrapped.register_forward_hook(self._micro.after_forward))
-        self._agreement.start()
         vigil.agent.on_control("checkpoint", self._agreement.request)
 
     def _shape(self, model: Any, dataloader: Any) -> Any:
@@ -225,7 +242,6 @@ class VigilCallback(transformers.TrainerCallback):
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        self._agreement.close()
         if self._owns_session:
             self._owns_session = False
             vigil.agent.shutdown()

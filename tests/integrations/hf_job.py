@@ -15,13 +15,15 @@ same training without `VigilCallback` (bench/integrations.py compares the two). 
 several cases in turn in one process group, each a vigil job of its own (JSON list of objects):
 
     {"job": NAME, "steps": N, "grad_accum": K, "slow": {"rank": R, "factor": F} | null,
-     "vigil": true, "parallel": "ddp" | "fsdp"}
+     "vigil": true, "parallel": "ddp" | "fsdp", "no_vigil_rank": R | null}
 
 `slow`: rank R sleeps inside each step from step 9 on, (F - 1) x its median step time of steps
-3..8 (a straggler). For every case each rank writes `DIR/<job>/job.rank<R>.json`: what the job
-itself counted per optimizer step (Trainer's global_step, the non-padding tokens and all
-positions of its micro-batches, the loss Trainer's training_step returned summed over them),
-the checkpoint folders Trainer wrote and whether accelerate really sharded the model. vigil's
+3..8 (a straggler). `no_vigil_rank`: vigil cannot start on rank R (its progress folder
+cannot be made), the others run it. For every case each rank writes
+`DIR/<job>/job.rank<R>.json`: what the job itself counted per optimizer step (Trainer's
+global_step, the non-padding tokens and all positions of its micro-batches, the loss Trainer's
+training_step returned summed over them), the checkpoint folders Trainer wrote and whether
+accelerate really sharded the model. vigil's
 files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to `DIR/<job>/trainer/`.
 A "checkpoint" request (`vigil agent --request checkpoint --job NAME`, or the collector's
 control API through a node agent) makes Trainer save a `checkpoint-N` folder there.
@@ -178,6 +180,11 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
     log = JobLog(case, rank)
     callbacks: list[Any] = [log]
     if case.get("vigil", True):
+        broken = {}
+        if case.get("no_vigil_rank") == rank:  # vigil cannot start on this rank
+            blocked = out / f"blocked.rank{rank}"
+            blocked.write_text("a file where the progress folder should go")
+            broken = {"progress_dir": str(blocked / "pages")}
         # One case alone (the benchmark's) reports as $VIGIL_JOB says, into $VIGIL_OUTPUT_DIR,
         # as a user's script would; named cases each as a job of their own under DIR/vigil/.
         named = ns.cases is not None or not os.environ.get(EnvVar.JOB)
@@ -185,7 +192,9 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
         callbacks.insert(
             0,
             VigilCallback(
-                job=case["job"] if named else None, output_dir=output_dir or str(out / "vigil")
+                job=case["job"] if named else None,
+                output_dir=output_dir or str(out / "vigil"),
+                **broken,
             ),
         )
     args = training_args(case, out, ns)

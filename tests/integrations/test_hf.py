@@ -4,7 +4,8 @@ One launch of `hf_job.py` (a user's Trainer script: tiny GPT-2 from a config, ra
 variable-length padded samples, gradient_accumulation_steps=2) runs its cases in turn: a clean
 job, during which the test asks every rank for a checkpoint through its progress page once they
 are past step 2 (what `vigil agent --request checkpoint` and the node agent do), a job with a 3x
-straggler on rank 1, and a job asking Trainer for FSDP on CPU. Three ranks, not two:
+straggler on rank 1, a job asking Trainer for FSDP on CPU, and a job where vigil cannot start
+on rank 2 while a checkpoint request reaches the others. Three ranks, not two:
 with two, the median of each step's compute is the mean of the two ranks and the straggler
 detector's robust z-score (median/MAD) cannot exceed 0.7, whichever rank is slow.
 
@@ -37,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(400)
 
 JOB = Path(__file__).with_name("hf_job.py")
 NPROC = 3
-STEPS = 30
+STEPS = 24
 SLOW_RANK = 1
 CHECKPOINT_AFTER = 2
 FSDP_SKIP = (
@@ -53,7 +54,7 @@ def launch(
     *,
     nproc: int,
     extra: list[str] | None = None,
-    during: Callable[[], None] = lambda: None,
+    during: Callable[[], object] = lambda: None,
 ) -> list[int]:
     """Start `nproc` ranks of hf_job.py the way torchrun does (calling `during()` while they
     run); their exit codes."""
@@ -146,17 +147,22 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"job": "hf-clean", "steps": STEPS, "grad_accum": 2},
         {
             "job": "hf-straggler",
-            "steps": STEPS + 2,
+            "steps": 32,
             "grad_accum": 2,
             "slow": {"rank": SLOW_RANK, "factor": 3.0},
         },
         {"job": "hf-fsdp-on-cpu", "steps": 2, "grad_accum": 1, "parallel": "fsdp"},
+        {"job": "hf-partial", "steps": 14, "grad_accum": 1, "no_vigil_rank": NPROC - 1},
     ]
-    request = CheckpointRequest(out / "pages", "hf-clean", CHECKPOINT_AFTER, NPROC)
-    codes = launch(cases, out, nproc=NPROC, during=request)
+    requests = [
+        CheckpointRequest(out / "pages", "hf-clean", CHECKPOINT_AFTER, NPROC),
+        CheckpointRequest(out / "pages", "hf-partial", CHECKPOINT_AFTER, NPROC - 1),
+    ]
+    codes = launch(cases, out, nproc=NPROC, during=lambda: [ask() for ask in requests])
     assert codes == [0] * NPROC, f"see {out}/rank-*.log"
-    assert request.sent_at is not None, "the clean job ended before its ranks reached step 2"
-    (out / "hf-clean" / "requested-at").write_text(str(request.sent_at))
+    for request in requests:
+        assert request.sent_at is not None, f"{request.job} ended before step {request.after}"
+        (out / request.job / "requested-at").write_text(str(request.sent_at))
     return out
 
 
@@ -212,6 +218,21 @@ def test_a_checkpoint_request_makes_every_rank_save_one_trainer_checkpoint(runs:
     state = json.loads((saved / "trainer_state.json").read_text())
     assert state["global_step"] == step
     assert (saved / "model.safetensors").stat().st_size > 0
+
+
+def test_a_rank_where_vigil_cannot_start_trains_on_and_still_saves_with_its_peers(
+    runs: Path,
+) -> None:
+    """Rank 2 has no session; the others record their steps, and the request they got is
+    saved by all three at one step (rank 2 still takes part in the agreement)."""
+    folder = runs / "hf-partial"
+    for rank in range(NPROC - 1):
+        assert [r["step"] for r in records(folder, rank, "step")] == list(range(1, 15))
+    assert not (runs / "vigil" / "hf-partial" / f"rank-{NPROC - 1:05d}.jsonl").exists()
+    assert len(job_log(folder, NPROC - 1)["steps"]) == 14  # it trained every step
+    (saved,) = job_log(folder, 0)["checkpoints"]
+    assert int(saved.removeprefix("checkpoint-")) > int((folder / "requested-at").read_text())
+    assert len(list((folder / "trainer" / saved).glob("rng_state_*.pth"))) == NPROC
 
 
 def test_fsdp_asked_of_trainer_on_cpu_still_trains_with_ddp(runs: Path) -> None:
