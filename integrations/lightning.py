@@ -196,7 +196,8 @@ class VigilCallback(pl.Callback):
         self._post_handles: list[Any] = []
         self._scope: Any = None
         self._handle: Any = None
-        self._opened_at = 0
+        self._stepped_at = 0  # trainer.global_step after the last batch seen
+        self._agreeing = False
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._data: Any = None
@@ -257,6 +258,16 @@ class VigilCallback(pl.Callback):
         self._owns_session = self._active = session is not None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.enabled:
+            return
+        self._stepped_at = trainer.global_step
+        try:
+            # Also where this rank's SDK did not start: the group is made collectively, and
+            # each step's agreement needs every rank (one without a session asks for nothing).
+            self._agreement.start()
+            self._agreeing = True
+        except Exception as exc:
+            self._failed("train_start", exc)
         if not self._active:
             return
         try:
@@ -266,7 +277,6 @@ class VigilCallback(pl.Callback):
             for optimizer in trainer.optimizers:
                 handle = optimizer.register_step_post_hook(self._hooks.after_step)
                 self._post_handles.append(handle)
-            self._agreement.start()  # a gloo group of its own: every rank, same point
             vigil.agent.on_control("checkpoint", self._agreement.request)
         except Exception as exc:
             self._failed("train_start", exc)
@@ -280,8 +290,7 @@ class VigilCallback(pl.Callback):
         try:
             self._close_data()
             if self._scope is None:
-                self._opened_at = trainer.global_step
-                self._scope = vigil.agent.step(self._opened_at)
+                self._scope = vigil.agent.step(trainer.global_step)
                 self._handle = self._scope.__enter__()
                 self._loss, self._micro = None, 0
             self._handle.tokens += int(self.tokens_fn(batch))
@@ -306,13 +315,17 @@ class VigilCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if not self._active or self._scope is None:
-            return
+        stepped = trainer.global_step != self._stepped_at  # the optimizer stepped in this batch
+        self._stepped_at = trainer.global_step
         try:
-            self._add_loss(outputs, trainer, pl_module)
-            if trainer.global_step != self._opened_at:  # the optimizer stepped in this batch
-                self._end_step(trainer)
-            self._open_data()
+            if self._active and self._scope is not None:
+                self._add_loss(outputs, trainer, pl_module)
+                if stepped:
+                    self._end_step()
+            if stepped and self._agreeing and self._agreement.save_now():
+                self._save(trainer)
+            if self._active:
+                self._open_data()
         except Exception as exc:
             self._failed("batch_end", exc)
 
@@ -325,13 +338,11 @@ class VigilCallback(pl.Callback):
             self._loss = loss if self._loss is None else self._loss + loss
             self._micro += 1
 
-    def _end_step(self, trainer: pl.Trainer) -> None:
+    def _end_step(self) -> None:
         scope, self._scope = self._scope, None
         if self._loss is not None:
             self._handle.set_loss(self._loss / self._micro if self._micro > 1 else self._loss)
         scope.__exit__(None, None, None)  # control callbacks run here, at the boundary
-        if self._agreement.save_now():
-            self._save(trainer)
 
     def _save(self, trainer: pl.Trainer) -> None:
         path = self._checkpoint_root(trainer) / f"vigil-step={trainer.global_step}.ckpt"
@@ -390,6 +401,12 @@ class VigilCallback(pl.Callback):
             self._finish()
 
     def _finish(self) -> None:
+        if self._agreeing:
+            self._agreeing = False
+            try:
+                self._agreement.close()
+            except Exception as exc:
+                self._failed("end", exc)
         if not self._active:
             return
         self._active = False
@@ -401,7 +418,6 @@ class VigilCallback(pl.Callback):
             for handle in self._post_handles:
                 handle.remove()
             self._post_handles.clear()
-            self._agreement.close()
             if self._owns_session:
                 self._owns_session = False
                 vigil.agent.shutdown()

@@ -29,7 +29,7 @@ import torch
 from vigil import flops, schema
 from vigil.recovery.local import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 JOB = Path(__file__).with_name("lightning_job.py")
 STEPS, ACCUMULATE, REQUEST_AT = 8, 2, 3
@@ -37,9 +37,12 @@ STRAGGLER_STEPS, STRAGGLER = 32, 2
 JSON = ["--json", "--no-progress"]
 
 
-def _start(out: Path, nproc: int, args: list[str]) -> list[subprocess.Popen[bytes]]:
+def _start(
+    out: Path, nproc: int, args: list[str], rank_args: dict[int, list[str]] | None = None
+) -> list[subprocess.Popen[bytes]]:
     """Start `nproc` ranks of lightning_job.py the way torchrun does (RANK, LOCAL_RANK,
-    WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT); each rank's output in out/rank-<r>.log."""
+    WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT); each rank's output in out/rank-<r>.log;
+    `rank_args`: more arguments for some ranks."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
@@ -55,6 +58,7 @@ def _start(out: Path, nproc: int, args: list[str]) -> list[subprocess.Popen[byte
             "OMP_NUM_THREADS": "1",
         }
         cmd = [sys.executable, str(JOB), "--out", str(out), *args]
+        cmd += (rank_args or {}).get(rank, [])
         with open(out / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
@@ -101,7 +105,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             [*common, *request, "--job", "lt-fsdp2", "--strategy", "fsdp2", *down],
         ),
     }
-    started = {name: _start(root / name, n, args) for name, (n, args) in launches.items()}
+    # FSDP2's rank 1 cannot start its SDK (its progress folder would be under a file): it
+    # trains without vigil beside a rank 0 with it, and still joins the agreed save.
+    blocked = root / "not-a-folder"
+    blocked.write_text("")
+    broken = {"fsdp2": {1: ["--progress-dir", str(blocked / "pages")]}}
+    started = {
+        name: _start(root / name, n, args, broken.get(name)) for name, (n, args) in launches.items()
+    }
     for name, procs in started.items():
         _wait(procs, root / name)
     slow = ["--steps", str(STRAGGLER_STEPS), "--job", "lt-straggler", "--progress-dir", pages]
@@ -121,12 +132,14 @@ def _flops_per_token() -> float:
     return flops.flops_per_token(shape)
 
 
-@pytest.mark.parametrize(("run", "job"), [("ddp", "lt-ddp"), ("fsdp2", "lt-fsdp2")])
+@pytest.mark.parametrize(
+    ("run", "job", "ranks"), [("ddp", "lt-ddp", [0, 1]), ("fsdp2", "lt-fsdp2", [0])]
+)
 def test_one_step_record_per_optimizer_step_with_the_jobs_own_numbers(
-    runs: dict[str, Path], run: str, job: str
+    runs: dict[str, Path], run: str, job: str, ranks: list[int]
 ) -> None:
     per_token = _flops_per_token()
-    for rank in range(2):
+    for rank in ranks:
         own = _own(runs[run], rank)
         assert own["global_step"] == STEPS
         steps = [r for r in _records(runs[run], job, rank) if r["type"] == "step"]
@@ -150,18 +163,23 @@ def test_one_step_record_per_optimizer_step_with_the_jobs_own_numbers(
 
 
 @pytest.mark.parametrize(
-    ("run", "job", "ops"),
+    ("run", "job", "ranks", "ops"),
     [
         # Lightning skips DDP's sync (no_sync) in the micro-batches that do not step.
-        ("ddp", "lt-ddp", {"ddp_all_reduce": 1}),
+        ("ddp", "lt-ddp", [0, 1], {"ddp_all_reduce": 1}),
         # FSDP2 gathers parameters in every micro-batch's forward and backward.
-        ("fsdp2", "lt-fsdp2", {"all_gather_single": 2 * ACCUMULATE, "reduce_scatter_single": 1}),
+        (
+            "fsdp2",
+            "lt-fsdp2",
+            [0],
+            {"all_gather_single": 2 * ACCUMULATE, "reduce_scatter_single": 1},
+        ),
     ],
 )
 def test_the_strategys_collectives_are_recorded_every_step(
-    runs: dict[str, Path], run: str, job: str, ops: dict[str, int]
+    runs: dict[str, Path], run: str, job: str, ranks: list[int], ops: dict[str, int]
 ) -> None:
-    for rank in range(2):
+    for rank in ranks:
         aggs = [r for r in _records(runs[run], job, rank) if r["type"] == "coll_agg"]
         for op, least in ops.items():
             mine = [a for a in aggs if a["op"] == op]
@@ -188,7 +206,8 @@ def test_a_checkpoint_request_saves_one_lightning_checkpoint(runs: dict[str, Pat
     module = job.TinyGPT(slow_rank=-1, slow_s=0.0, slow_from=0)
     module.load_state_dict(checkpoint["state_dict"])  # a checkpoint Lightning can resume from
     assert checkpoint["optimizer_states"] and checkpoint["loops"]
-    # FSDP2: a distributed checkpoint, every rank's shard written.
+    # FSDP2: a distributed checkpoint, every rank's shard written, also by the rank whose SDK
+    # did not start (the request reached rank 0 only).
     (sharded,) = (runs["fsdp2"] / "checkpoints").iterdir()
     assert [sharded.name] in due
     names = {p.name for p in sharded.iterdir()}
@@ -199,7 +218,8 @@ def test_training_is_unaffected_without_a_collector_and_with_one_down(
     runs: dict[str, Path],
 ) -> None:
     """With the callback (JSON lines, no collector) the job trains as it does without vigil:
-    the same losses step by step; with a collector nobody answers, FSDP2 trains to the end."""
+    the same losses step by step; with a collector nobody answers (rank 0) and an SDK that
+    could not start (rank 1), FSDP2 trains to the end."""
     for rank in range(2):
         plain = _own(runs["plain"], rank)["steps"]
         watched = _own(runs["ddp"], rank)["steps"]
@@ -209,6 +229,8 @@ def test_training_is_unaffected_without_a_collector_and_with_one_down(
         assert not (runs["plain"] / "lt-ddp").exists()
         down = _own(runs["fsdp2"], rank)
         assert down["global_step"] == STEPS and down["finite"]
+    assert not (runs["fsdp2"] / "lt-fsdp2" / "rank-00001.jsonl").exists()
+    assert "vigil SDK failed to start" in (runs["fsdp2"] / "rank-1.log").read_text()
 
 
 def test_a_straggler_rank_is_named_by_vigil_analyze(runs: dict[str, Path]) -> None:
