@@ -168,3 +168,35 @@ def test_mfu_comes_from_the_shape_passed(tmp_path: Path) -> None:
     for record in _records(tmp_path / "out" / "shape", "step"):
         assert record["model_flops"] == pytest.approx(per_token * record["tokens"])
         assert record["mfu"] > 0
+
+
+class _FailsAt(job.TinyGPT):
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_step == 2:
+            raise RuntimeError("a bug in training_step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_that_raises_ends_the_rank_failed(tmp_path: Path) -> None:
+    """The exception reaches the user unchanged; the rank's last word says failed, so its
+    peers' analysis tells a crash from a clean end."""
+    callback = VigilCallback(job="raises", **_options(tmp_path))
+    module = _FailsAt(slow_rank=-1, slow_s=0.0, slow_from=0)
+    loader = DataLoader(job.PaddedTokens(64, 0), batch_size=job.BATCH)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=8,
+        callbacks=[callback],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        trainer.fit(module, loader)
+    assert vigil.agent.current() is None and callback.errors == 0
+    folder = tmp_path / "out" / "raises"
+    assert [r["step"] for r in _records(folder, "step")] == [0, 1, 2]  # 2: the one it died in
+    assert _records(folder, "heartbeat")[-1]["state"] == "failed"
