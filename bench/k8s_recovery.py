@@ -5,11 +5,12 @@ fails the Job on the evicted pod and recreates every pod as the next generation,
 the way the scheduler would). Two parts:
 
   1. `--runs` recoveries of a straggler on one node of a 64-pod JobSet (66 nodes: 2 spares), by
-     the controller with `KubernetesExecutor` in this process: the API calls vigil made from the
-     finding to the new generation running (journal writes included), the time from the finding
-     to the Eviction request (the checkpoint's wait excluded: it is printed on its own line), and
-     the controller's share of the time to recover (finding -> eviction, over finding -> every pod
-     of the new generation created; the rest is the JobSet controller's recreation).
+     the controller with `k8s_executor.KubernetesExecutor` in this process: the API calls vigil
+     made from the finding to the new generation running (journal writes included), the time
+     from the finding to the Eviction request (the checkpoint's wait excluded: it is printed on
+     its own line), and the controller's share of the time to recover (finding -> eviction,
+     over finding -> every pod of the new generation created; the rest is the JobSet
+     controller's recreation).
   2. `--killed` runs of `vigil controller --kubernetes` (the real CLI, a subprocess) on an 8-pod
      JobSet, killed at each stage of the recovery in turn (planned, stopped, placed, launched,
      recorded) and started again: exactly once = one quarantine, one eviction, one JobSet restart
@@ -41,7 +42,7 @@ from tests.recovery.k8s.test_recovery import (  # noqa: E402
     executor,
     straggler,
 )
-from vigil.recovery import controller, k8s_journal  # noqa: E402
+from vigil.recovery import controller, k8s_journal, k8s_resize  # noqa: E402
 
 PODS = 64
 
@@ -63,7 +64,7 @@ def one_recovery() -> dict[str, float]:
                 job_id="train",
                 run_id="bench",
                 poll_interval_s=0.05,
-                min_dp_size=len(layout.active),
+                min_dp_size=k8s_resize.policy_floor(ex.read_jobset(), pods=len(layout.active)),
                 diagnose_timeout_s=30.0,
             ),
             executor=ex,

@@ -1,7 +1,7 @@
 """`vigil controller --kubernetes`: the recovery controller for one JobSet or TrainJob.
 
 Argument parsing and wiring only: the loop is `controller.Controller`, the cluster work
-`kubernetes.KubernetesExecutor` (imported when the command runs, so `vigil --help` never needs
+`k8s_executor.KubernetesExecutor` (imported when the command runs, so `vigil --help` never needs
 the Kubernetes client), the journal `k8s_journal.AnnotationJournal` on the JobSet itself, and,
 with a collector, checkpoint now / dump stacks through `collector_link.CollectorControl`.
 """
@@ -16,7 +16,7 @@ import time
 import uuid
 
 from vigil import cli, settings
-from vigil.recovery import collector_link, controller, journal, k8s_journal, k8s_plan
+from vigil.recovery import collector_link, controller, journal, k8s_journal, k8s_plan, k8s_resize
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        from vigil.recovery import k8s_executor
         from vigil.recovery import kubernetes as kube
     except ImportError as exc:
         sys.stderr.write(
@@ -163,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     # Observe mode changes nothing, its journal included: it stays in memory until the executor
     # (mode, allow-list, the job's preconditions) says this controller acts.
     store: k8s_journal.AnnotationStore = k8s_journal.MemoryStore()
-    executor = kube.KubernetesExecutor(
+    executor = k8s_executor.KubernetesExecutor(
         api=api,
         namespace=args.namespace,
         jobset=name,
@@ -232,8 +233,9 @@ def _run(args: argparse.Namespace) -> int:
         run_id=saved.run_id if saved else uuid.uuid4().hex,
         max_restarts=args.max_restarts,
         poll_interval_s=max(args.poll_interval, 0.05),
-        # No resize on Kubernetes: without a spare the job restarts in place.
-        min_dp_size=len(layout.active),
+        # Without a spare a relocation is planned as a resize: the executor shrinks the JobSet
+        # where its elastic range and shape allow, otherwise the job stays (quarantined node).
+        min_dp_size=k8s_resize.policy_floor(executor.read_jobset(), pods=len(layout.active)),
         stop_timeout_s=0.0,
     )
     sys.stderr.write(

@@ -174,17 +174,28 @@ def node(name: str, **labels: str) -> dict[str, Any]:
 
 
 def jobset(
-    name: str, ns: str, *, replicas: int, safe: bool = True, **labels: str
+    name: str,
+    ns: str,
+    *,
+    replicas: int,
+    safe: bool = True,
+    parallelism: int = 1,
+    args: tuple[str, ...] = (),
+    annotations: dict[str, str] | None = None,
+    **labels: str,
 ) -> dict[str, Any]:
-    """A JobSet of `replicas` one-pod Jobs; `safe`: with the preconditions vigil needs."""
+    """A JobSet of `replicas` Indexed Jobs of `parallelism` pods each (the trainer container runs
+    `args`); `safe`: with the preconditions vigil needs."""
     job_spec: dict[str, Any] = {
-        "parallelism": 1,
-        "completions": 1,
+        "parallelism": parallelism,
+        "completions": parallelism,
         "completionMode": "Indexed",
         "template": {
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "trainer", "image": "example.com/train:1"}],
+                "containers": [
+                    {"name": "trainer", "image": "example.com/train:1", "args": list(args)}
+                ],
             }
         },
     }
@@ -210,7 +221,12 @@ def jobset(
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": labels,
+            "annotations": annotations or {},
+        },
         "spec": spec,
         "status": {"restarts": 0},
     }
@@ -320,16 +336,22 @@ class FakeJobSetController:
             for pod in pods:
                 self._delete(pod)
             pods, current = [], []
-        want = int(js["spec"]["replicatedJobs"][0]["replicas"])
-        have = {int(p["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"]) for p in current}
-        missing = [i for i in range(want) if i not in have]
+        job = js["spec"]["replicatedJobs"][0]
+        per_job = int(job["template"]["spec"].get("parallelism") or 1)
+        want = [(i, c) for i in range(int(job["replicas"])) for c in range(per_job)]
+        have = {_slot(p) for p in current}
+        # A Job whose parallelism went down deletes its highest-indexed pods.
+        for pod in current:
+            if _slot(pod) not in want:
+                self._delete(pod)
+        missing = [k for k in want if k not in have]
         if not missing:
             return
         nodes = [
             client.ApiClient().sanitize_for_serialization(n) for n in self.core.list_node().items
         ]
         busy = {p["spec"].get("nodeName") for p in current}
-        for index in missing:
+        for index, completion in missing:
             target = next(
                 (
                     n["metadata"]["name"]
@@ -341,9 +363,12 @@ class FakeJobSetController:
             if target is None:
                 continue  # Pending: no node fits
             busy.add(target)
-            self.core.create_namespaced_pod(self.ns, _pod(name, self.ns, index, generation, target))
-            self.placed.append((generation, index, target))
-        if len(have) + len(missing) == want:
+            self.core.create_namespaced_pod(
+                self.ns, _pod(name, self.ns, (index, completion), generation, target)
+            )
+            self.placed.append((generation, index * per_job + completion, target))
+            have.add((index, completion))
+        if set(want) <= have:
             self.recreated_s.setdefault(generation, time.time())
 
     def _delete(self, pod: dict[str, Any]) -> None:
@@ -384,20 +409,31 @@ def _schedulable(n: dict[str, Any]) -> bool:
     )
 
 
-def _pod(jobset_name: str, ns: str, index: int, generation: int, node_name: str) -> dict[str, Any]:
+def _slot(pod: dict[str, Any]) -> tuple[int, int]:
+    labels = pod["metadata"]["labels"]
+    return (
+        int(labels["jobset.sigs.k8s.io/job-index"]),
+        int(labels["batch.kubernetes.io/job-completion-index"]),
+    )
+
+
+def _pod(
+    jobset_name: str, ns: str, slot: tuple[int, int], generation: int, node_name: str
+) -> dict[str, Any]:
+    index, completion = slot
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             # Like the Job controller's random suffix: a recreated pod never reuses a name.
-            "name": f"{jobset_name}-workers-{index}-0-g{generation}-{next(_SUFFIX):04d}",
+            "name": f"{jobset_name}-workers-{index}-{completion}-g{generation}-{next(_SUFFIX):04d}",
             "namespace": ns,
             "labels": {
                 "jobset.sigs.k8s.io/jobset-name": jobset_name,
                 "jobset.sigs.k8s.io/replicatedjob-name": "workers",
                 "jobset.sigs.k8s.io/job-index": str(index),
                 "jobset.sigs.k8s.io/restart-attempt": str(generation),
-                "batch.kubernetes.io/job-completion-index": "0",
+                "batch.kubernetes.io/job-completion-index": str(completion),
             },
         },
         "spec": {
@@ -410,9 +446,10 @@ def _pod(jobset_name: str, ns: str, index: int, generation: int, node_name: str)
 
 @contextlib.contextmanager
 def running(
-    ns: str, *, nodes: int, replicas: int, safe: bool = True, **labels: str
+    ns: str, *, nodes: int, replicas: int, safe: bool = True, **options: Any
 ) -> Iterator[tuple[Cluster, FakeJobSetController]]:
-    """A cluster of `nodes` nodes running JobSet "train" of `replicas` pods in `ns`."""
+    """A cluster of `nodes` nodes running JobSet "train" of `replicas` Jobs in `ns` (`options`:
+    `jobset`'s parallelism, args, annotations and labels)."""
     cluster = Cluster()
     core = client.CoreV1Api(cluster.client(FAKE_AGENT))
     custom = client.CustomObjectsApi(cluster.client(FAKE_AGENT))
@@ -420,7 +457,7 @@ def running(
         core.create_node(node(f"node-{i}"))
     group, version, plural = JOBSET_API
     custom.create_namespaced_custom_object(
-        group, version, ns, plural, jobset("train", ns, replicas=replicas, safe=safe, **labels)
+        group, version, ns, plural, jobset("train", ns, replicas=replicas, safe=safe, **options)
     )
     fake = FakeJobSetController(cluster, ns).start()
     try:

@@ -22,7 +22,7 @@ from tests.recovery.k8s.cluster import running
 from tests.recovery.k8s.test_recovery import NS, executor, hang, run_controller, straggler
 from vigil import api, codec, schema
 from vigil.collector import CollectorSettings, create_app
-from vigil.recovery import kubernetes as kube
+from vigil.recovery import k8s_executor
 from vigil.recovery.collector_link import CollectorControl
 from vigil.schema import ActionState, DiagResult, Verdict
 
@@ -90,7 +90,7 @@ def _ingest(client: TestClient, *records: schema.Record) -> None:
     assert client.post(api.INGEST_PATH, content=frame, headers=headers).status_code == 200
 
 
-def _report_ranks(client: TestClient, ex: kube.KubernetesExecutor) -> list[str]:
+def _report_ranks(client: TestClient, ex: k8s_executor.KubernetesExecutor) -> list[str]:
     """The ranks' RankInfo as the SDK ships it: rank i runs in pod slot i."""
     slots = ex.slots()
     _ingest(

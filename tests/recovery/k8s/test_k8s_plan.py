@@ -29,17 +29,17 @@ def test_a_failure_policy_restarting_on_other_reasons_does_not_count() -> None:
 def test_pods_are_ordered_by_job_index_and_other_jobsets_pods_are_dropped() -> None:
     js = jobset("t", "ns", replicas=3)
     pods = [
-        _pod("t", "ns", 2, 0, "n2"),
-        _pod("other", "ns", 0, 0, "n9"),
-        _pod("t", "ns", 0, 0, "n0"),
+        _pod("t", "ns", (2, 0), 0, "n2"),
+        _pod("other", "ns", (0, 0), 0, "n9"),
+        _pod("t", "ns", (0, 0), 0, "n0"),
     ]
-    pods.append(_pod("t", "ns", 1, 0, "n1"))
+    pods.append(_pod("t", "ns", (1, 0), 0, "n1"))
     slots = k8s_plan.pod_slots(js, pods)
     assert [(s.ordinal, s.node) for s in slots] == [(0, "n0"), (1, "n1"), (2, "n2")]
 
 
 def test_a_disrupted_pod_is_seen_with_its_exit_code() -> None:
-    pod = _pod("t", "ns", 0, 3, "n0")
+    pod = _pod("t", "ns", (0, 0), 3, "n0")
     pod["status"] = {
         "phase": "Failed",
         "conditions": [{"type": "DisruptionTarget", "status": "True"}],

@@ -16,7 +16,7 @@ from kubernetes import client
 
 from tests.recovery.k8s.cluster import JOBSET_API, TRAINJOB_API, Call, Cluster, running
 from vigil import codec
-from vigil.recovery import controller, k8s_journal, k8s_plan
+from vigil.recovery import controller, k8s_executor, k8s_journal, k8s_plan, k8s_resize
 from vigil.recovery import kubernetes as kube
 from vigil.schema import (
     ActionKind,
@@ -91,9 +91,9 @@ def hang() -> Finding:
 
 def executor(
     cluster: Cluster, *, mode: str = "act", store: Any = None, **kw: Any
-) -> kube.KubernetesExecutor:
+) -> k8s_executor.KubernetesExecutor:
     api = kube.Api(cluster.client())
-    return kube.KubernetesExecutor(
+    return k8s_executor.KubernetesExecutor(
         api=api,
         namespace=NS,
         jobset=kw.pop("jobset", "train"),
@@ -107,7 +107,7 @@ def executor(
 
 def run_controller(
     cluster: Cluster,
-    ex: kube.KubernetesExecutor,
+    ex: k8s_executor.KubernetesExecutor,
     findings: list[Finding],
     checkpointer: Any = None,
     checkpoint_timeout_s: float = 60.0,
@@ -120,7 +120,8 @@ def run_controller(
             run_id="r1",
             poll_interval_s=0.05,
             hang_confirm_s=0.0,
-            min_dp_size=len(layout.active),
+            # As `vigil controller --kubernetes` sets it.
+            min_dp_size=k8s_resize.policy_floor(ex.read_jobset(), pods=len(layout.active)),
             diagnose_timeout_s=20.0,
             checkpoint_timeout_s=checkpoint_timeout_s,
         ),
@@ -231,17 +232,36 @@ def test_hang_dumps_stacks_then_restarts_in_place() -> None:
         ]
 
 
-def test_no_spare_stays_on_its_nodes_and_restarts_in_place() -> None:
-    with running(NS, nodes=4, replicas=4) as (cluster, fake):
-        fake.finish_generation = 1
-        code, book = run_controller(cluster, executor(cluster), [straggler("node-1")])
-        assert code == 0
-        # No spare node and no resize on Kubernetes: the job is restarted where it is.
-        assert book.get("straggler-node-1/2-migrate") is None
-        restart = book.get("straggler-node-1/2-restart")
-        assert restart is not None and restart.state is ActionState.SUCCEEDED
-        assert not any(w.startswith("quarantine") for w in writes(cluster.calls()))
-        assert {n for g, _, n in fake.placed if g == 1} == {f"node-{i}" for i in range(4)}
+def test_no_spare_and_jobs_that_cannot_shrink_stay_on_their_nodes() -> None:
+    """Four one-pod Jobs with an elastic range: JobSet can change a Job's parallelism, never its
+    replicas, so with no spare the job stays (the straggler's node quarantined), unrestarted."""
+    elastic = {k8s_resize.NNODES_ANNOTATION: "2:4"}
+    with running(NS, nodes=4, replicas=4, annotations=elastic) as (cluster, fake):
+        ex = executor(cluster)
+        book = k8s_journal.AnnotationJournal(ex.store)
+        layout = ex.placement()
+        ctl = controller.Controller(
+            config=controller.ControllerConfig(
+                job_id="train",
+                run_id="r",
+                poll_interval_s=0.05,
+                min_dp_size=k8s_resize.policy_floor(ex.read_jobset(), pods=4),
+            ),
+            executor=ex,
+            journal=book,
+            placement=layout,
+            findings=Once([straggler("node-1")]),
+        )
+        ctl._start_or_resume()
+        ctl._step()
+        resize = book.get("straggler-node-1/2-resize")
+        assert resize is not None and resize.state is ActionState.FAILED, resize
+        assert "never replicas" in resize.result and "the job stays on its nodes" in resize.result
+        assert [w for w in writes(cluster.calls()) if w.startswith(("quarantine", "evict"))] == [
+            "quarantine node-1"
+        ]
+        assert {g for g, _, _ in fake.placed} == {0}  # nothing recreated
+        ctl._finish(0, "test over")
 
 
 def test_circuit_breaker_stops_quarantine_and_the_restart() -> None:
@@ -331,9 +351,9 @@ def test_jobset_without_the_preconditions_is_reported_not_touched() -> None:
         assert any("DisruptionTarget" in p for p in ex.problems)
         assert any("RestartJobSetAndIgnoreMaxRestarts" in p for p in ex.problems)
         assert any("backoffLimit" in p for p in ex.problems)
-        with pytest.raises(kube.NotActingError, match="podFailurePolicy"):
+        with pytest.raises(k8s_executor.NotActingError, match="podFailurePolicy"):
             ex.cordon("node-1")
-        with pytest.raises(kube.NotActingError):
+        with pytest.raises(k8s_executor.NotActingError):
             ex.kill_attempt(0)
         assert [c for c in cluster.vigil_calls() if c.write] == []
 
@@ -373,7 +393,7 @@ def test_kueue_managed_trainjob_is_never_suspended() -> None:
         )  # fmt: skip
         ex = executor(cluster, trainjob="train")
         assert any("Kueue" in p for p in ex.problems)
-        with pytest.raises(kube.NotActingError):
+        with pytest.raises(k8s_executor.NotActingError):
             ex.kill_attempt(0)
         assert "suspend" not in writes(cluster.calls())
 
