@@ -153,6 +153,18 @@ def alert_rules(config: RuleConfig) -> list[dict[str, Any]]:
             ui=job_page + "?metric=mfu",
         ),
         _alert(
+            "VigilRecoveryUnsafe",
+            open_finding.format("recovery_unsafe"),
+            hold="1m",
+            severity="warning",
+            summary="vigil will not restart job {{ $labels.job_id }}: it lacks what a safe "
+            "restart needs (an open recovery_unsafe finding).",
+            runbook="The finding's evidence names each missing precondition (a JobSet's "
+            "podFailurePolicy, failurePolicy rule or backoffLimit; a Kueue-managed TrainJob); "
+            "add them (README, Recovery on Kubernetes) and restart vigil controller.",
+            ui=job_page,
+        ),
+        _alert(
             "VigilAgentDown",
             f'up{{job="{config.agent_job}"}} == 0',
             hold="2m",

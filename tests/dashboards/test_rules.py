@@ -76,6 +76,14 @@ CASES = [
     ),
     _case("VigilMfuDrop", [(FINDING % ("mfu_drop", "open"), "0 1x20")], "3m", [{"job_id": "j1"}]),
     _case("VigilMfuDrop", [(FINDING % ("mfu_drop", "open"), "0x20")], "3m", []),
+    # A job vigil will not restart (the controller's recovery_unsafe finding) until it is fixed.
+    _case(
+        "VigilRecoveryUnsafe",
+        [(FINDING % ("recovery_unsafe", "open"), "0 1x20")],
+        "3m",
+        [{"job_id": "j1"}],
+    ),
+    _case("VigilRecoveryUnsafe", [(FINDING % ("recovery_unsafe", "resolved"), "1x20")], "3m", []),
     _case(
         "VigilAgentDown",
         [('up{job="vigil-agent", instance="n1:9400"}', "1 1 0x30")],
