@@ -17,9 +17,9 @@ import msgspec
 import pytest
 from kubernetes import client
 
-from tests.recovery.k8s.cluster import JOBSET_API, Call, Cluster, jobset, running
+from tests.recovery.k8s.cluster import JOBSET_API, TRAINJOB_API, Call, Cluster, jobset, running
 from tests.recovery.k8s.test_recovery import NS, Once, executor, straggler
-from vigil.recovery import controller, k8s_journal, k8s_resize, k8s_restart
+from vigil.recovery import controller, k8s_guard, k8s_journal, k8s_resize, k8s_restart
 from vigil.schema import ActionKind, ActionState
 
 ELASTIC = {k8s_resize.NNODES_ANNOTATION: "2:4"}
@@ -144,6 +144,24 @@ def test_a_resize_a_killed_controller_began_is_finished_once() -> None:
         assert jobset_writes(cluster.vigil_calls()).count("resize to 3") == 1
         assert len(successor.slots()) == 3
         assert k8s_restart.resize_record(successor) == (0, 4, 3)
+
+
+def test_a_trainjob_with_no_spare_stays_its_num_nodes_being_immutable() -> None:
+    with running(NS, nodes=4, replicas=4) as (cluster, fake):
+        custom = client.CustomObjectsApi(cluster.client("fake-jobset-controller"))
+        custom.create_namespaced_custom_object(
+            *TRAINJOB_API[:2], NS, TRAINJOB_API[2],
+            {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+             "metadata": {"name": "train", "namespace": NS}, "spec": {"suspend": False}},
+        )  # fmt: skip
+        fake.trainjob = True
+        ex = executor(cluster, trainjob="train")
+        ex.launch(ex.placement(), 0)
+        ex.cordon("node-1")
+        with pytest.raises(k8s_guard.StayError, match="numNodes is immutable"):
+            ex.kill_attempt(0)
+        assert not [c for c in cluster.vigil_calls() if "/trainjobs/" in c.path and c.write]
+        assert len(ex.slots()) == 4
 
 
 # -- the pure half ---------------------------------------------------------------------------
