@@ -54,7 +54,9 @@ def _spread(values: list[float]) -> str:
 def one_recovery() -> dict[str, float]:
     with running(NS, nodes=PODS + 2, replicas=PODS) as (cluster, fake):
         fake.finish_generation = 1
-        ex = executor(cluster, poll_s=0.5)  # the executor's default wait interval
+        # The executor's default wait interval; 64 pods recreated by the fake take a while on
+        # a loaded machine, which the 20 s of the tests' executor does not allow.
+        ex = executor(cluster, poll_s=0.5, restart_timeout_s=180.0)
         book = k8s_journal.AnnotationJournal(ex.store)
         layout = ex.placement()
         findings = Once([straggler("node-7")])

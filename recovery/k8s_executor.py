@@ -258,12 +258,16 @@ class KubernetesExecutor:
         suspend, patch, resume). With the culprit's node quarantined and no spare free: shrink
         the JobSet by that node where it allows (`k8s_resize`), else stay (`StayError`). Nothing
         when that generation is already failing, gone, or resized."""
-        record = None if self.trainjob else k8s_restart.resize_record(self)
-        if record is not None and record[0] == attempt:
+        notes = self.store.read()
+        record = k8s_resize.parse_record(notes.get(k8s_resize.RESIZE_ANNOTATION, ""))
+        if record is not None and record[0] == attempt and not self.trainjob:
             k8s_restart.continue_resize(self, record[2])  # begun by this or a killed controller
             return
-        generation, slots = self._current()
-        wanted = self._generations().get(attempt, generation)
+        js = self.read_jobset()
+        generation = k8s_plan.generation_of(js)
+        slots = [s for s in self.slots(js) if s.generation == generation]
+        generations = k8s_plan.parse_generation_map(notes.get(k8s_plan.ATTEMPT_GENERATION, ""))
+        wanted = generations.get(attempt, generation)
         if generation > wanted:
             return  # restarted already (by a predecessor, or by the JobSet after a crash)
         if any(s.disrupted or s.phase == "Failed" for s in slots):
@@ -276,7 +280,7 @@ class KubernetesExecutor:
         self._fenced |= quarantined
         # The pod on a quarantined node if there is one: it is the culprit's.
         victim = next((s for s in live if s.node in quarantined), live[0] if live else None)
-        if victim is not None and victim.node in quarantined and not self._spares(nodes, slots):
+        if victim is not None and victim.node in quarantined and not self._spares(js, nodes, slots):
             self._shrink(attempt, slots, victim)
             return
         if self.trainjob:
@@ -291,8 +295,11 @@ class KubernetesExecutor:
         self.api.evict(self.namespace, victim.name)  # False: gone already, its Job is failing
         log.info("evicted %s (generation %d) to restart %s", victim.name, generation, self.jobset)
 
-    def _spares(self, nodes: list[dict[str, Any]], slots: list[k8s_plan.PodSlot]) -> list[str]:
-        template = self.read_jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    def _spares(
+        self, js: dict[str, Any], nodes: list[dict[str, Any]], slots: list[k8s_plan.PodSlot]
+    ) -> list[str]:
+        """Nodes the recreated pod of a quarantined node could be scheduled on."""
+        template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
         selector = (template.get("spec") or {}).get("nodeSelector") or {}
         return k8s_plan.spare_nodes(nodes, [s.node for s in slots], selector)
 

@@ -100,8 +100,7 @@ def executor(
         mode=mode,
         allowed_namespaces=frozenset({NS}),
         store=store if store is not None else kube.JobSetAnnotations(api, NS, "train"),
-        restart_timeout_s=20.0,
-        **{"poll_s": 0.02, **kw},
+        **{"poll_s": 0.02, "restart_timeout_s": 20.0, **kw},
     )
 
 
