@@ -3,9 +3,10 @@
 Unlike `simulator.py` (which writes the analyzer's measurement model straight into arrays), this
 module models what happens and lets the SDK measure it:
 
-- each rank computes (a per-rank speed, a per-step job-wide swing, per rank-step jitter,
-  one-off hiccups, bursts of CPU load; faults add time in one position: before forward, in
-  forward, in backward, in the optimizer step, or in data loading inside `span("data")`);
+- each rank computes (a per-rank speed, a per-step job-wide swing, per rank-step jitter and
+  per-layer wobble around it, one-off hiccups, bursts of CPU load; faults add time in one
+  position: before forward, in forward, in backward, in the optimizer step, or in data loading
+  inside `span("data")`);
 - collectives are synchronous: an op completes on every member at the last member's arrival
   plus its transfer time (jittered per op, slower through a faulty NIC) plus a small per-member
   completion skew; DDP's gradient buckets run behind backward and are waited for at its end,
@@ -107,6 +108,7 @@ class JobConfig:
     rank_spread: float = 0.01
     step_swing: float = 0.03
     jitter: float = 0.05  # per rank-step: uniform in +-jitter
+    layer_jitter: float = 0.03  # per rank and layer (or bucket) chunk, around the step's pace
     hiccup_rate: float = 0.002  # per rank-step: 1.5-3x that step's compute
     load_bursts: int = 0  # job-wide CPU load: bursts of 3-6 steps, every rank up to 1.4x
     clock_offset_s: float = 0.005  # sigma of hosts' wall-clock offsets
@@ -250,6 +252,10 @@ class Job:
             t[hit] *= fault.factor if self.steps_done >= fault.start_step else 1.0
         return t
 
+    def _wobble(self, n: int) -> F64:
+        j = self.cfg.layer_jitter
+        return 1.0 + self.rng.uniform(-j, j, n)
+
     def _skew(self, shape: tuple[int, ...]) -> F64:
         return self.rng.exponential(self.cfg.completion_skew_s, shape)
 
@@ -344,7 +350,7 @@ class Job:
                 if 0 <= prev < cfg.pp and prev in sent:
                     self._p2p(ops, lay.stage[prev], here, sent.pop(prev), 1 << 22)
                 for _layer in range(cfg.layers):
-                    self.t[here] += chunk[here]
+                    self.t[here] += chunk[here] * self._wobble(here.size)
                     if lay.tp_groups is not None:
                         rows = lay.tp_groups[s * cfg.dp : (s + 1) * cfg.dp]
                         objs = lay.tp_objs[s * cfg.dp : (s + 1) * cfg.dp]
@@ -362,7 +368,7 @@ class Job:
         prev_end = np.full(1 if members is None else members.shape[0], -np.inf)
         last_end = None
         for _b in range(cfg.buckets):
-            self.t += chunk
+            self.t += chunk * self._wobble(cfg.num_ranks)
             if members is None:
                 continue
             arrive = self.t[members]
