@@ -141,9 +141,9 @@ def training_args(case: dict[str, Any], out: Path, ns: argparse.Namespace) -> An
     fsdp: dict[str, Any] = {}
     cpu = ns.device == "cpu"
     if case.get("parallel", ns.parallel) == "fsdp":
-        fsdp = {
-            "fsdp": "full_shard auto_wrap",
-            "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]},
+        fsdp = {  # FSDP2 (fully_shard), each GPT-2 block a unit of its own
+            "fsdp": True,
+            "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]},
         }
     return transformers.TrainingArguments(
         output_dir=str(out / case["job"] / "trainer"),
@@ -222,6 +222,14 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
 
 
 def main() -> int:
+    try:
+        return _main()
+    finally:
+        if torch.distributed.is_initialized():  # a clean exit: gloo's threads end here
+            torch.distributed.destroy_process_group()
+
+
+def _main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=20)
