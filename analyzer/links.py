@@ -14,8 +14,9 @@ loopback, not a network link: its transfer time is CPU work that competing proce
 (clean 4-rank jobs on one host under a CPU hog, 9 runs: per-group median ratios up to 1.55x,
 single steps up to ~5x, up to 15 of 30 steps past 1.5x; a real tbf-limited link: 5-6x in every
 step), so it must be `INTRA_HOST_RATIO` x slower in `min_hits` of `window` steps. Its subjects
-are the group's members and their nodes (`a<->b` when they span two). With a single group of a kind (one world group) nothing can be compared, and nothing is said;
-point-to-point pairs are not judged (a pipeline's send waits for its receiver's schedule).
+are the group's members and their nodes (`a<->b` when they span two). With a single group of
+a kind (one world group) nothing can be compared, and nothing is said; point-to-point pairs are
+not judged (a pipeline's send waits for its receiver's schedule).
 Pure numpy over `StepArrays` that carry their aggregates.
 """
 
