@@ -89,10 +89,10 @@ class CheckpointOutcome:
         ranks, committed at step 12 (/ckpt/step-12)"."""
         if self.error:
             return f"not requested: {self.error}"
-        parts = ["requested"]
         if not self.asked:
-            parts.append("no rank of the job is known to answer")
-        elif self.acked:
+            return "requested, but no rank of the job is known to answer it: nothing awaited"
+        parts = ["requested"]
+        if self.acked:
             parts.append(f"acknowledged by {self.acked} of {self.asked} ranks")
         else:
             parts.append(f"not acknowledged within {timeout_s:.0f} s")

@@ -218,6 +218,9 @@ def test_a_job_whose_ranks_never_reported_is_not_waited_for(collector: TestClien
     started = time.monotonic()
     outcome = control.request(timeout_s=30.0)
     assert not outcome.committed and outcome.asked == 0
+    assert outcome.describe(30.0) == (
+        "requested, but no rank of the job is known to answer it: nothing awaited"
+    )
     assert control.acknowledged(timeout_s=30.0) is False
     assert control.stacks([0], timeout_s=0.2) == {}
     assert time.monotonic() - started < 5.0
