@@ -25,7 +25,7 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
 - a "checkpoint" request sets `control.should_save` at a step end every rank agrees on
   (`hf_control`), so Trainer writes its own `checkpoint-N` folder; once Trainer has saved one
   (on request or by its own `save_strategy`), world rank 0 reports it to vigil
-  (`vigil.agent.checkpoint_committed`, where the SDK has it: step, folder, bytes, save time).
+  (`vigil.agent.checkpoint_committed`: step, folder, bytes, save time).
 
 Data loading is outside the step records: Trainer fetches a step's micro-batches before
 `on_step_begin`. Token counts on an accelerator: a mask already on the device is counted by its
@@ -330,10 +330,9 @@ def _job_name(args: Any) -> str:
 
 def _report_checkpoint(args: Any, state: Any, since: float) -> None:
     """Tell vigil (the recovery controller's "checkpoint now" waits for it) that Trainer's
-    `checkpoint-<global_step>` folder is written, where the SDK can say so."""
-    report = getattr(vigil.agent, "checkpoint_committed", None)
+    `checkpoint-<global_step>` folder is written."""
     folder = os.path.join(str(args.output_dir), f"checkpoint-{state.global_step}")
-    if report is None or not os.path.isdir(folder):
+    if not os.path.isdir(folder):  # a save elsewhere (a subclass's): nothing to point at
         return
     size = sum(
         os.path.getsize(os.path.join(root, name))
@@ -341,7 +340,9 @@ def _report_checkpoint(args: Any, state: Any, since: float) -> None:
         for name in names
     )
     seconds = max(0.0, time.monotonic() - since) if since else 0.0
-    report(state.global_step, location=folder, num_bytes=size, save_s=seconds, blocked_s=seconds)
+    vigil.agent.checkpoint_committed(
+        state.global_step, location=folder, num_bytes=size, save_s=seconds, blocked_s=seconds
+    )
 
 
 def _calling_trainer() -> Any:

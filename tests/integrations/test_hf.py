@@ -217,6 +217,10 @@ def test_a_checkpoint_request_makes_every_rank_save_one_trainer_checkpoint(runs:
     ]
     state = json.loads((saved / "trainer_state.json").read_text())
     assert state["global_step"] == step
+    # Rank 0 tells vigil (the controller's "checkpoint now" waits for this record); only rank 0.
+    reported = [records(runs / "hf-clean", rank, "checkpoint") for rank in range(NPROC)]
+    assert [(r["step"], r["location"]) for r in reported[0]] == [(step, str(saved))]
+    assert reported[1:] == [[]] * (NPROC - 1)
     assert (saved / "model.safetensors").stat().st_size > 0
 
 
