@@ -14,8 +14,10 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
   which reads the environment as always: $VIGIL_COLLECTOR_URL, $VIGIL_OUTPUT_DIR, rank and
   world size from torch.distributed), with the model shape MFU needs (`hf_shape`); it watches
   the model Trainer trains (the DDP wrapper accelerate made, so DDP's gradient all-reduce is
-  timed, or the FSDP model) and the optimizer inside accelerate's wrapper; it shuts the session
-  down at train end when it started it;
+  timed, or the FSDP model: `Trainer.model_wrapped`, read from the Trainer whose callback
+  handler calls `on_train_begin`, since callbacks are handed the unwrapped model) and the
+  optimizer inside accelerate's wrapper; it shuts the session down at train end when it
+  started it;
 - one vigil step per optimizer step, numbered as Trainer's `state.global_step` after that step
   (1, 2, ...), whatever `gradient_accumulation_steps` is; tokens from each micro-batch's inputs
   (the attention mask's sum, else the input ids' count), summed over the step, per rank; the loss
@@ -29,8 +31,8 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
 
 Data loading is outside the step records: Trainer fetches a step's micro-batches before
 `on_step_begin`. Token counts on an accelerator: a mask already on the device is counted by its
-size (padding included), since summing it would wait for the device every step; masks on the
-CPU (CPU training, or a collator that keeps them there) are counted exactly.
+size (padding included), since summing it would wait for the device every step; on CPU the
+mask's sum is exact.
 
 Fail-open like the SDK: every hook catches its own errors, counts them in the session's error
 count (logged), and training goes on. Must not import any vigil subsystem but `vigil.agent`.

@@ -222,11 +222,11 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
 
 
 def main() -> int:
-    try:
-        return _main()
-    finally:
-        if torch.distributed.is_initialized():  # a clean exit: gloo's threads end here
-            torch.distributed.destroy_process_group()
+    code = _main()
+    if torch.distributed.is_initialized():  # a clean exit: every rank done, then gloo ends
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return code
 
 
 def _main() -> int:
