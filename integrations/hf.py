@@ -189,7 +189,8 @@ class VigilCallback(transformers.TrainerCallback):
         model = kwargs.get("model")
         # DDP's all-reduce runs in C++ and is reached only through its wrapper's comm hook;
         # callbacks are handed Trainer's unwrapped model, its caller holds the wrapper.
-        wrapped = getattr(trainer, "model_wrapped", None) or model
+        wrapped = getattr(trainer, "model_wrapped", None)
+        wrapped = model if wrapped is None else wrapped  # (no `or`: a Sequential may be empty)
         if not isinstance(wrapped, torch.nn.Module):
             log.warning("vigil: Trainer gave no model to watch; steps only")
             wrapped = None
@@ -218,7 +219,7 @@ class VigilCallback(transformers.TrainerCallback):
         vigil.agent.on_control("checkpoint", self._agreement.request)
 
     def _shape(self, model: Any, dataloader: Any) -> Any:
-        source = self._shape_model or model
+        source = model if self._shape_model is None else self._shape_model
         if not isinstance(source, torch.nn.Module):
             return None
         seq_len = self._seq_len or hf_shape.train_seq_len(source, dataloader)
