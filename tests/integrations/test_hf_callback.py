@@ -1,6 +1,7 @@
 """`VigilCallback` in one process: the real Trainer on a tiny random GPT-2 (hf_job.py's model and
 data), no process group. What a user of one machine sees: report_to="vigil", a checkpoint
-request answered by Trainer's own checkpoint, MFU's model shape from the config, and training
+request answered by Trainer's own checkpoint, MFU's model shape from the config, Trainer's own
+loss for models with and without loss keywords, and training
 that goes on whatever vigil's state (no session possible, a collector that is not there, a
 session of the user's own, an SDK that fails in every step)."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import transformers
 
 import vigil.agent
@@ -222,3 +224,49 @@ def test_alone_a_request_saves_at_the_step_end_it_is_seen_once_per_request() -> 
         t.join()
     assert agreement.save_now() is True  # two requests before one step end: one save
     agreement.close()
+
+
+class PlainLM(torch.nn.Module):
+    """A model whose forward takes no loss keywords: Trainer divides its loss per micro-batch
+    by the accumulation steps instead of normalising it by the step's items."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = hf_job.model(layers=1, hidden=32)
+
+    def forward(self, input_ids: Any, attention_mask: Any, labels: Any) -> Any:
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+def test_a_model_without_loss_keywords_gets_the_mean_of_its_micro_batch_losses(
+    tmp_path: Path,
+) -> None:
+    callback = hf.VigilCallback(
+        job="hf-plainlm", output_dir=str(tmp_path / "out"), progress_dir=str(tmp_path / "p")
+    )
+    counted = StepLosses()
+    trainer = hf_job.CountingTrainer(
+        model=PlainLM(),
+        args=_args(tmp_path, 3),
+        train_dataset=hf_job.Samples(3 * 2 * hf_job.BATCH),
+        data_collator=hf_job.collate,
+        callbacks=[callback, counted],
+    )
+    counted.trainer = trainer
+    trainer.train()
+    assert not trainer.model_accepts_loss_kwargs
+    steps = _steps(tmp_path / "out" / "hf-plainlm")
+    assert [r["loss"] for r in steps] == pytest.approx(counted.losses, rel=1e-5)
+
+
+class StepLosses(transformers.TrainerCallback):
+    """What CountingTrainer's training_step returned, summed per optimizer step."""
+
+    def __init__(self) -> None:
+        self.trainer: hf_job.CountingTrainer | None = None
+        self.losses: list[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self.trainer is not None
+        self.losses.append(self.trainer.step_loss)
+        self.trainer.step_loss = 0.0
