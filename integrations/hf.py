@@ -30,7 +30,8 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
   (`vigil.agent.checkpoint_committed`: step, folder, bytes, save time).
 
 Data loading is outside the step records: Trainer fetches a step's micro-batches before
-`on_step_begin`. Token counts on an accelerator: a mask already on the device is counted by its
+`on_step_begin` and offers callbacks no hook around it, so a slow loader is not reported as a
+data stall. Token counts on an accelerator: a mask already on the device is counted by its
 size (padding included), since summing it would wait for the device every step; on CPU the
 mask's sum is exact.
 
