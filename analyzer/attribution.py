@@ -12,10 +12,17 @@ the members that reported the same ops (the `last_seq` and `count` most of them 
 two members):
 
 - not overlapped (each op is waited for as it ends, so the waits add up):
-  wait_r = total_r - min_m total_m;
+  wait_r = total_r - transfer (below);
 - overlapped (the thread waits once, for the last op, at the end of backward; the earlier ones
   overlap compute): wait_r = last_r - min_m last_m;
-- transfer, the same for every member: min_m total_m, the ops' time with nobody waited for.
+- transfer, the same for every member: the ops' time with nobody waited for. Per op it is the
+  shortest member's duration (the last arrival waits nothing), but the aggregate sums a step's
+  ops, and when a different member arrives last at each op (per-layer jitter) the shortest
+  total still holds waits: min_m total_m is only an upper bound. The last op is seen alone
+  (`last_device_s`), so min_m last_m is exactly that op's transfer; for ops that are waited for
+  one by one (not overlapped: a layer's tensor-parallel collectives, same bytes each) the
+  estimate is min(min_m total_m, count x min_m last_m). Overlapped ops (DDP's buckets) differ
+  in size and queue behind each other, so they keep the upper bound.
 
 Point-to-point ops of one pair share their group's sequence numbers, so sends and receives are
 one class (`p2p`): the receiver's extra time is its wait for the sender.
@@ -173,13 +180,12 @@ def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
         np.minimum.at(min_total, inv[ok], c.total_s[ok])
         np.minimum.at(min_last, inv[ok], c.last_s[ok])
         i = inv[ok]
-        w = np.where(
-            c.overlapped[ok], c.last_s[ok] - min_last[i], c.total_s[ok] - min_total[i]
-        ).clip(min=0.0)
+        x = _transfer(c, ok, min_total, min_last, i)
+        w = np.where(c.overlapped[ok], c.last_s[ok] - min_last[i], c.total_s[ok] - x).clip(min=0.0)
         at = (c.row[ok], c.col[ok])
         np.add.at(wait, at, w)
         np.add.at(hidden, at, np.where(c.overlapped[ok], w, 0.0))
-        np.add.at(transfer, at, min_total[i])
+        np.add.at(transfer, at, x)
         seen[at] = True
 
     def out(values: F64) -> F32:
@@ -190,10 +196,22 @@ def attribute(c: AggColumns, shape: tuple[int, int]) -> Attribution:
     return Attribution(wait_s=out(wait), hidden_wait_s=out(hidden), transfer_s=out(transfer))
 
 
+def _transfer(
+    c: AggColumns, ok: npt.NDArray[np.bool_], min_total: F64, min_last: F64, cell: I64
+) -> F64:
+    """Per compared aggregate, its cell's transfer estimate (see the module docstring)."""
+    per_op: F64 = np.where(
+        c.overlapped[ok],
+        min_total[cell],
+        np.minimum(min_total[cell], c.count[ok] * min_last[cell]),
+    )
+    return per_op
+
+
 @dataclass(kw_only=True)
 class GroupTransfer:
-    """Per (row, key) cell with comparable members: its transfer time (the shortest member's
-    total), bytes per op and member columns."""
+    """Per (row, key) cell with comparable members: its transfer time (as `attribute`
+    estimates it), bytes per op and member columns."""
 
     row: I64
     key: I64
@@ -211,8 +229,12 @@ def group_transfer(c: AggColumns) -> GroupTransfer:
     index = np.full(groups, -1, dtype=np.int64)
     index[cells] = np.arange(cells.size)
     at = index[inv[ok]]
-    transfer = np.full(cells.size, np.inf)
-    np.minimum.at(transfer, at, c.total_s[ok])
+    min_total = np.full(groups, np.inf)
+    min_last = np.full(groups, np.inf)
+    np.minimum.at(min_total, inv[ok], c.total_s[ok])
+    np.minimum.at(min_last, inv[ok], c.last_s[ok])
+    transfer = np.zeros(cells.size)
+    transfer[at] = _transfer(c, ok, min_total, min_last, inv[ok])
     row = np.zeros(cells.size, dtype=np.int64)
     key = np.zeros(cells.size, dtype=np.int64)
     nbytes = np.zeros(cells.size, dtype=np.int64)

@@ -36,7 +36,8 @@ def analyze_arrays(
     if seqlen is not None:
         out.append(seqlen)
     out.extend(mfu.detect(a, cfg.mfu))
-    return out
+    # A drop blamed on a straggler found above is that straggler's evidence, not a finding.
+    return mfu.fold(out, cfg.straggler.window)
 
 
 def replay_hang(
@@ -59,8 +60,13 @@ def replay_hang(
         for i in range(a.num_steps)
         if np.isfinite(a.step_end_s[i])
     ]
+    ends: dict[int, tuple[list[int], list[float]]] = {}  # step -> its ranks' own step ends
     for r in records:
-        if isinstance(r, schema.Heartbeat):
+        if isinstance(r, schema.StepRecord):
+            ranks_ends = ends.setdefault(r.step, ([], []))
+            ranks_ends[0].append(r.rank)
+            ranks_ends[1].append(r.end_s)
+        elif isinstance(r, schema.Heartbeat):
             events.append((r.time_s, 2, 0, r))
         elif isinstance(r, schema.CollectiveAggregate):
             # An aggregate describes a finished step: its position is known when it ends.
@@ -73,6 +79,8 @@ def replay_hang(
             tracker.observe_step_time(
                 int(a.steps[i]), time_s, float(step_time[i]), float(a.step_start_s[i])
             )
+            # Every rank's end of this step is at or before the latest (signs of life).
+            tracker.observe_step_ends(*ends.get(int(a.steps[i]), ([], [])))
         elif isinstance(record, schema.CollectiveAggregate):
             tracker.observe_seq(record.rank, record.group, record.last_seq, record.op)
         elif isinstance(record, schema.Heartbeat):

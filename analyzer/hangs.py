@@ -2,37 +2,44 @@
 
 `HangTracker` follows one job: when steps end, and where each rank is (last collective sequence
 number per process group, from heartbeats and collective aggregates). `check(now_s)` declares a
-hang once no step has ended for `max(factor x median recent step time, slow_step_factor x the 95th
-percentile, min_s)` seconds (a job that has just turned slow is not hung), and names
-the culprits: following who waits for whom (a rank waiting in group G at sequence q waits for the
-members of G that have not reached q), the ranks at the end of those chains never entered the
-collective the others wait in. A culprit whose newest heartbeat predates the stall (its flusher
-delayed by a loaded CPU, its shipper retrying after a collector restart) is late to report, not
-behind: the finding waits for its next heartbeat (a few seconds at most, then names it with
-lower confidence). A heartbeat that arrives after a newer one of its rank does not move it back.
-Pure: the caller supplies `now_s`.
+hang once no step has ended for `max(factor x median recent step time, slow_step_factor x the
+95th percentile, min_s)` seconds (a job that has just turned slow, or one rank's one-off hiccup,
+is not hung) and positions name a culprit (`waitgraph`: the ranks at the ends of the chains of
+who waits for whom never entered the collective the others wait in); a stall nobody can be named
+for is reported only after `unknown_culprit_factor` thresholds. A culprit
+whose newest heartbeat predates the stall (its flusher delayed by a loaded CPU, its shipper
+retrying after a collector restart) is late to report, not behind: the finding waits for its
+next heartbeat (a few seconds at most, then names it with lower confidence). A heartbeat that
+arrives after a newer one of its rank does not move it back. Pure: the caller supplies `now_s`.
 
 It also tells a crash from a hang by the heartbeats, which the SDK's background thread sends
-each second whatever the training thread does: a hung rank keeps sending them, a dead one
-does not. A rank whose heartbeats stop without its last word (`finished`, or `failed` when an
-exception ended the process) was killed outright; when its peers then end `failed` (their
-collectives broke) or keep beating (they wait for it), it is the crash's culprit. When every
-rank that stopped said `failed`, the first to fail is.
+each second whatever the training thread does: a hung rank keeps sending them, a dead one does
+not. Step records are signs of life too (`observe_step_ends`): a rank whose steps keep ending is
+alive however many of its heartbeats were lost. A rank silent in both, without its last word
+(`finished`, or `failed` when an exception ended the process), was killed outright; when its
+peers then end `failed` (their collectives broke) or keep beating (they wait for it), it is the
+crash's culprit. When every rank that stopped said `failed`, the first to fail is.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from vigil import schema
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, groups
+from vigil.analyzer import findings, groups, waitgraph
+
+# The wait-for graph lives in `waitgraph`; these names are part of this module's interface.
+Wait = waitgraph.Wait
+Culprits = waitgraph.Culprits
+find_culprits = waitgraph.find_culprits
+behind_everywhere = waitgraph.behind_everywhere
 
 
 def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.HangConfig) -> float:
@@ -42,149 +49,6 @@ def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.Ha
     ordered = sorted(recent_step_times_s)
     slow = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
     return max(cfg.factor * statistics.median(ordered), cfg.slow_step_factor * slow, cfg.min_s)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Wait:
-    """Where one rank waits: inside collective `seq` of `group` (op `op`)."""
-
-    rank: int
-    group: str
-    seq: int
-    op: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class Culprits:
-    """The ranks that never entered the collective others wait in, and that collective."""
-
-    ranks: tuple[int, ...]
-    group: str
-    seq: int
-    op: str
-    num_waiting: int
-    resolved: bool  # False when the culprits are a best guess (membership unknown)
-
-
-def find_culprits(
-    waits: Sequence[Wait], seqs: dict[str, dict[int, int]], alive: Iterable[int]
-) -> Culprits | None:
-    """Follow the wait-for graph from every waiting rank to ranks that are not waiting.
-
-    `seqs[group][rank]` is the last sequence number `rank` entered in `group`; membership of a
-    group is the ranks ever seen in it. `alive` are all ranks known to the job.
-    """
-    if not waits:
-        return behind_everywhere(seqs)
-    waiting = {w.rank: w for w in waits}
-    culprits: set[int] = set()
-    frontier = list(waiting.values())
-    visited: set[int] = set(waiting)
-    while frontier:
-        wait = frontier.pop()
-        for member, seq in seqs.get(wait.group, {}).items():
-            if seq >= wait.seq or member in visited:
-                continue
-            visited.add(member)
-            if member in waiting:
-                frontier.append(waiting[member])
-            else:
-                culprits.add(member)
-    blocked = {c for c in culprits if _ahead_of_idle(c, seqs, set(waiting))}
-    if blocked:
-        # A "culprit" that entered a collective some other non-waiting rank has not is itself
-        # blocked there, in a wait the SDK cannot see (FSDP2 and DTensor collectives are
-        # asynchronous): it is a victim. Without other candidates, positions name the rank
-        # behind everywhere.
-        if blocked == culprits:
-            behind = behind_everywhere(seqs)
-            if behind is not None:
-                return dataclasses.replace(behind, num_waiting=len(waiting))
-        else:
-            culprits -= blocked
-    target = _deepest_wait(waits, culprits, seqs)
-    if culprits:
-        return Culprits(
-            ranks=tuple(sorted(culprits)),
-            group=target.group,
-            seq=target.seq,
-            op=target.op,
-            num_waiting=len(waiting),
-            resolved=True,
-        )
-    idle = sorted(set(alive) - set(waiting))
-    if not idle or len(idle) * 2 > len(waiting) + len(idle):
-        return behind_everywhere(seqs)
-    return Culprits(
-        ranks=tuple(idle),
-        group=target.group,
-        seq=target.seq,
-        op=target.op,
-        num_waiting=len(waiting),
-        resolved=False,
-    )
-
-
-def _ahead_of_idle(rank: int, seqs: dict[str, dict[int, int]], waiting: set[int]) -> bool:
-    """Has `rank` entered, in some group, a collective that a non-waiting peer has not?"""
-    for members in seqs.values():
-        mine = members.get(rank)
-        if mine is None:
-            continue
-        for peer, seq in members.items():
-            if peer != rank and peer not in waiting and seq < mine:
-                return True
-    return False
-
-
-def behind_everywhere(seqs: dict[str, dict[int, int]]) -> Culprits | None:
-    """Culprits when no rank says it is waiting (asynchronous collectives, e.g. FSDP2 and
-    DTensor, block in a wait the SDK cannot see): once progress has stopped, positions are
-    frozen, and the ranks that are behind a peer in some group and ahead of none in any group
-    never entered what their peers did."""
-    ahead: set[int] = set()
-    behind: dict[int, tuple[str, int]] = {}
-    for group, members in sorted(seqs.items()):
-        if len(members) < 2:
-            continue
-        top = max(members.values())
-        if min(members.values()) == top:
-            continue
-        for rank, seq in members.items():
-            if seq < top:
-                gap = behind.get(rank)
-                if gap is None or top - seq > gap[1] - members[rank]:
-                    behind[rank] = (group, top)
-            else:
-                ahead.add(rank)
-    culprits = sorted(set(behind) - ahead)
-    if not culprits:
-        return None
-    group, seq = behind[culprits[0]]
-    peers = {r for r, q in seqs[group].items() if q >= seq}
-    return Culprits(
-        ranks=tuple(culprits), group=group, seq=seq, op="", num_waiting=len(peers), resolved=True
-    )
-
-
-def _deepest_wait(
-    waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]
-) -> Wait:
-    """The collective the culprits should have entered: the wait they block most directly.
-
-    Among the collectives ranks wait in, pick one a culprit has not entered with the fewest
-    members missing (a hang in a node's tensor-parallel group also stalls the data-parallel
-    all-reduce; the tensor-parallel collective is the one to name).
-    """
-    best, best_missing = waits[0], None
-    for wait in {(w.group, w.seq): w for w in waits}.values():
-        members = seqs.get(wait.group, {})
-        missing = [m for m, seq in members.items() if seq < wait.seq]
-        if not culprits.intersection(missing):
-            continue
-        if best_missing is None or len(missing) < best_missing:
-            best, best_missing = wait, len(missing)
-    return best
 
 
 class HangTracker:
@@ -209,6 +73,9 @@ class HangTracker:
         # The latest restart: heartbeats older than it describe ranks that no longer exist.
         self._epoch_s = 0.0
         self._last_beat: dict[int, float] = {}  # rank -> time of its newest heartbeat
+        # Per rank, the newest end of a step it reported (-inf: none): a rank whose step records
+        # keep arriving is alive, whatever became of its heartbeats.
+        self._step_ends = np.full(0, -np.inf)
         self._failed: dict[int, float] = {}  # rank -> when it said `failed`
         self._crash: schema.Finding | None = None
 
@@ -234,6 +101,29 @@ class HangTracker:
         if restarted is not None and end_s > restarted and (start_s is None or start_s > restarted):
             self._restarted_s = None
 
+    def observe_step_ends(self, ranks: npt.ArrayLike, ends_s: npt.ArrayLike) -> None:
+        """Ranks `ranks` ended steps at `ends_s` (their own clocks, as heartbeats): signs of
+        life for the crash rule (vectorised: a streaming batch's step records at once)."""
+        r = np.asarray(ranks, dtype=np.int64).reshape(-1)
+        e = np.asarray(ends_s, dtype=np.float64).reshape(-1)
+        keep = (r >= 0) & np.isfinite(e) & (e >= self._epoch_s)
+        r, e = r[keep], e[keep]
+        if not r.size:
+            return
+        top = int(r.max()) + 1
+        if top > self._step_ends.size:
+            grown = np.full(top, -np.inf)
+            grown[: self._step_ends.size] = self._step_ends
+            self._step_ends = grown
+        np.maximum.at(self._step_ends, r, e)
+
+    def _alive_s(self, rank: int) -> float:
+        """The newest sign of life of `rank`: its newest heartbeat or step end (0: none)."""
+        beat = self._last_beat.get(rank, 0.0)
+        if rank < self._step_ends.size:
+            return max(beat, float(self._step_ends[rank]))
+        return beat
+
     def restarting(self, now_s: float) -> None:
         """The job's ranks are being restarted (a recovery action): forget positions."""
         self._restarted_s = now_s
@@ -244,6 +134,7 @@ class HangTracker:
         self._finished.clear()
         self._checkpointing.clear()
         self._last_beat.clear()
+        self._step_ends = np.full(0, -np.inf)
         self._failed.clear()
         self._crash = None
 
@@ -324,6 +215,8 @@ class HangTracker:
         if silent <= threshold or (self._ranks and self._finished >= self._ranks):
             return None
         culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
+        if culprits is None and silent <= threshold * self.cfg.unknown_culprit_factor:
+            return None  # nobody to name yet: positions may still show who, or steps resume
         late = self._unreported(culprits, threshold)
         if late and not final and silent <= threshold + _LATE_REPORT_S:
             return None  # their newest positions predate the stall: wait for them to report
@@ -355,7 +248,7 @@ class HangTracker:
             # known from its collectives that never sent a heartbeat is silent too).
             known = self._ranks | set(beats)
             culprits = sorted(
-                r for r in known if r not in ended and beats.get(r, 0.0) <= first + _BEAT_SLACK_S
+                r for r in known if r not in ended and self._alive_s(r) <= first + _BEAT_SLACK_S
             )
             how = "stopped without a last word"
             if not culprits:
@@ -365,7 +258,11 @@ class HangTracker:
                 how = "failed first"
         else:
             silent = [
-                r for r, t in beats.items() if r not in ended and now_s - t >= _CRASH_SILENCE_S
+                r
+                for r, t in beats.items()
+                if r not in ended
+                and now_s - t >= _CRASH_SILENCE_S
+                and now_s - self._alive_s(r) >= _CRASH_SILENCE_S
             ]
             alive = [r for r, t in beats.items() if r not in ended and now_s - t < _ALIVE_S]
             if not silent or not alive:
@@ -376,7 +273,7 @@ class HangTracker:
 
     def _crash_finding(self, now_s: float, culprits: list[int], how: str) -> schema.Finding:
         beats = self._last_beat
-        last = max(beats.get(r, 0.0) for r in culprits)
+        last = max(self._alive_s(r) for r in culprits)
         peers = [t for r, t in beats.items() if r not in culprits]
         shown = ", ".join(map(str, culprits[:8])) + ("..." if len(culprits) > 8 else "")
         failed = len(self._failed)

@@ -7,13 +7,16 @@ windows. The drop is then attributed by which component of step time grew: a str
 compute per token up, median not), sequence-length imbalance (max compute up only as far as
 its rank's larger share of tokens explains, as in `stragglers.py`), GPU throttling (NVML SM
 clocks down or a harmful throttle reason), communication (collective transfer up) or data
-loading (data time up). Pure numpy.
+loading (data time up). A drop blamed on a straggler that the straggler detector also reports
+(the same rank, overlapping steps) is not a second finding: `fold` adds its evidence to the
+straggler's finding instead. Pure numpy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -230,6 +233,51 @@ def attribute(
 
 
 _IMBALANCE = "sequence-length imbalance"
+_STRAGGLER = "a straggler"
+
+
+def straggler_rank(drop: schema.Finding) -> int | None:
+    """The rank an MFU-drop finding blames as a straggler (None: another cause)."""
+    ranks = drop.subjects.ranks
+    if drop.kind is not schema.FindingKind.MFU_DROP or len(ranks) != 1:
+        return None
+    return ranks[0] if f": {_STRAGGLER} (rank {ranks[0]})" in drop.summary else None
+
+
+def explains(straggler: schema.Finding, drop: schema.Finding, slack_steps: int) -> bool:
+    """Whether `straggler` (a straggler finding) names the rank `drop` blames, over steps that
+    reach within `slack_steps` of the drop's."""
+    rank = straggler_rank(drop)
+    return (
+        rank is not None
+        and straggler.kind is schema.FindingKind.STRAGGLER
+        and straggler.subjects.ranks == [rank]
+        and straggler.step_start <= drop.step_end + slack_steps
+        and drop.step_start <= straggler.step_end + slack_steps
+    )
+
+
+def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
+    """`straggler` with the drop's headline evidence added (once)."""
+    head = drop.evidence[0]
+    note = f"job {head.metric} from step {drop.step_start} ({head.note})"
+    if any(e.metric == head.metric for e in straggler.evidence):
+        return straggler
+    extra = findings.evidence(head.metric, head.observed, head.baseline, note=note)
+    return msgspec.structs.replace(straggler, evidence=[*straggler.evidence, extra])
+
+
+def fold(found: list[schema.Finding], slack_steps: int) -> list[schema.Finding]:
+    """`found` without the MFU drops a straggler finding among them explains, each folded
+    into that finding as evidence (order kept otherwise)."""
+    out = list(found)
+    for drop in [f for f in found if straggler_rank(f) is not None]:
+        for i, f in enumerate(out):
+            if explains(f, drop, slack_steps):
+                out[i] = folded(f, drop)
+                out.remove(drop)
+                break
+    return out
 
 
 def token_weighed(compute: robust.FloatArray, tokens: robust.FloatArray) -> robust.FloatArray:

@@ -2,22 +2,23 @@
 
 In synchronous training the slow rank arrives last at each collective and waits least, so step time
 cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
-Every step, each rank's compute, data-loading and transfer time (averaged over its last
-`smooth_steps` steps, the largest left out) is scored against the other ranks (median/MAD,
-within its pipeline stage when there is one); a rank flagged in `min_hits` of the last `window`
-steps is reported. Causes are told apart: compute stragglers (with GPU throttling noted from
-NVML clocks), data-loader stalls, slow links (transfer time up for the ranks of one node or two;
-one rank's transfer time up while its compute is an outlier too is the straggler), and compute
-that only follows a larger share of tokens (sequence-length imbalance, reported for the job
-rather than the rank). Pipeline-stage imbalance lives in `imbalance.py`. Pure numpy over
-`StepArrays`.
+Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps`
+steps, the largest left out) is scored against the other ranks (median/MAD, within its pipeline
+stage when there is one); a rank flagged in `min_hits` of the last `window` steps is reported.
+Causes are told apart: compute stragglers (with GPU throttling noted from NVML clocks),
+data-loader stalls, and compute that only follows a larger share of tokens (sequence-length
+imbalance, reported for the job rather than the rank). Pipeline-stage imbalance lives in
+`imbalance.py`; slow links in `links.py`, which compares process groups with their peer groups.
+No rank is judged by its own transfer time: it is its groups' (attribution.py, the shortest
+member's), summed over groups of different kinds, so one rank's total is up whenever it belongs to
+a slow group or to more groups than its peers (a pipeline stage's p2p, a straggler's tp group),
+not because its link is slow (on simulated jobs every rank- and node-level slow-link finding
+this module used to make named a wrong rank). Pure numpy over `StepArrays`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +41,6 @@ class Scores:
     compute_med: robust.FloatArray
     data: robust.BoolArray
     data_z: robust.FloatArray
-    transfer: robust.BoolArray
-    transfer_z: robust.FloatArray
     seqlen_explained: robust.BoolArray
 
     def rows(self, start: int, stop: int) -> Scores:
@@ -51,21 +50,13 @@ class Scores:
         )
 
     def flags(self, kind: schema.FindingKind) -> robust.BoolArray:
-        return {
-            Kind.STRAGGLER: self.compute,
-            Kind.DATA_STALL: self.data,
-            Kind.SLOW_LINK: self.transfer,
-        }[kind]
+        return {Kind.STRAGGLER: self.compute, Kind.DATA_STALL: self.data}[kind]
 
     def z(self, kind: schema.FindingKind) -> robust.FloatArray:
-        return {
-            Kind.STRAGGLER: self.compute_z,
-            Kind.DATA_STALL: self.data_z,
-            Kind.SLOW_LINK: self.transfer_z,
-        }[kind]
+        return {Kind.STRAGGLER: self.compute_z, Kind.DATA_STALL: self.data_z}[kind]
 
 
-RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL, Kind.SLOW_LINK)
+RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL)
 
 
 def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: int = 0) -> Scores:
@@ -111,12 +102,6 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     d_flags, d_z, _ = outliers(data)
     with np.errstate(invalid="ignore"):
         d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
-    if np.isfinite(a.transfer_s).any():
-        # A link is slow by its own ratio (transfer time is shared by a group's members, so
-        # one rank's compute or waiting never moves it).
-        x_flags, x_z, _ = outliers(smooth(a.transfer_s), reference=None)
-    else:
-        x_flags, x_z = np.zeros_like(c_flags), np.zeros_like(c_z)
     # A rank slowed by its own data loader is not also a compute straggler.
     return Scores(
         compute=c_flags & ~d_flags,
@@ -124,8 +109,6 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         compute_med=c_med,
         data=d_flags,
         data_z=d_z,
-        transfer=x_flags,
-        transfer_z=x_z,
         seqlen_explained=explained,
     )
 
@@ -147,10 +130,9 @@ def _tokens_vary(tokens: robust.FloatArray) -> bool:
 def detect(
     a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, scores: Scores | None = None
 ) -> list[schema.Finding]:
-    """Every persistent straggler, data stall and slow link in `a`."""
+    """Every persistent straggler and data stall in `a`."""
     scores = scores or score(a, cfg)
     out: list[schema.Finding] = []
-    link_episodes: list[tuple[int, int, int, int]] = []
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
         hits = robust.rolling_hits(flags, cfg.window)
@@ -158,11 +140,7 @@ def detect(
             for first, last, at in robust.persistent_episodes(
                 flags[:, col], hits[:, col], cfg.min_hits
             ):
-                if kind is Kind.SLOW_LINK:
-                    link_episodes.append((int(col), first, last, at))
-                else:
-                    out.append(rank_finding(a, scores, kind, int(col), first, last, at, cfg))
-    out.extend(link_findings(a, scores, link_episodes, cfg))
+                out.append(rank_finding(a, scores, kind, int(col), first, last, at, cfg))
     return [f for f in out if _moved_up(f, cfg)]
 
 
@@ -212,11 +190,7 @@ def rank_finding(
         note = _throttle_note(a, rows, col, ev)
     ratio = observed / baseline if baseline > 0 else float("inf")
     node = a.nodes[col]
-    what = {
-        Kind.STRAGGLER: "compute straggler",
-        Kind.DATA_STALL: "data-loader stall",
-        Kind.SLOW_LINK: "slow link",
-    }[kind]
+    what = {Kind.STRAGGLER: "compute straggler", Kind.DATA_STALL: "data-loader stall"}[kind]
     summary = (
         f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
         + (_held_up(a, col) if kind is Kind.STRAGGLER else "")
@@ -258,9 +232,7 @@ def _held_up(a: arrays_mod.StepArrays, col: int) -> str:
 def _signal(a: arrays_mod.StepArrays, kind: schema.FindingKind) -> tuple[robust.FloatArray, str]:
     if kind is Kind.STRAGGLER:
         return a.compute_s(), "compute_time"
-    if kind is Kind.DATA_STALL:
-        return a.data_s, "data_time"
-    return a.transfer_s, "collective_transfer_time"
+    return a.data_s, "data_time"
 
 
 def _time_at(a: arrays_mod.StepArrays, row: int, *, start: bool = False) -> float:
@@ -306,87 +278,4 @@ def _throttle_note(
         "; GPU throttled (SM clock "
         + f"{mine / peers:.0%} of peers"
         + (", NVML throttle reason active)" if throttled else ")")
-    )
-
-
-def link_findings(
-    a: arrays_mod.StepArrays,
-    scores: Scores,
-    episodes: Sequence[tuple[int, int, int, int]],
-    cfg: config_mod.StragglerConfig,
-) -> list[schema.Finding]:
-    """Group ranks whose transfer time is persistently up by node: one finding per link or node."""
-    if not episodes:
-        return []
-    by_node: dict[str, list[tuple[int, int, int, int]]] = {}
-    for ep in episodes:
-        by_node.setdefault(a.nodes[ep[0]] or f"rank{a.ranks[ep[0]]}", []).append(ep)
-    node_sizes: dict[str, int] = {}
-    for name in a.nodes:
-        node_sizes[name] = node_sizes.get(name, 0) + 1
-    covered = sorted(
-        n
-        for n, eps in by_node.items()
-        if len({e[0] for e in eps}) >= cfg.node_coverage * node_sizes.get(n, 1)
-    )
-    out = []
-    if covered:
-        eps = [e for n in covered for e in by_node[n]]
-        links = (
-            [f"{x}<->{y}" for x, y in itertools.combinations(covered, 2)]
-            if len(covered) == 2
-            else []
-        )
-        out.append(_link_finding(a, scores, eps, covered, links, cfg))
-    for name in sorted(set(by_node) - set(covered)):
-        # One rank's transfer time up while its compute is an outlier too is the straggler
-        # seen from the collectives (a starved process is slow at everything), not its link.
-        alone = [e for e in by_node[name] if not _compute_explains(scores, *e[:3])]
-        if alone:
-            out.append(rank_finding(a, scores, Kind.SLOW_LINK, *alone[0], cfg))
-    return out
-
-
-def _compute_explains(scores: Scores, col: int, first: int, last: int) -> bool:
-    """Whether `col`'s compute was an outlier in at least half the rows first..last."""
-    flags = scores.compute[first : last + 1, col]
-    return bool(flags.size) and float(flags.mean()) >= 0.5
-
-
-def _link_finding(
-    a: arrays_mod.StepArrays,
-    scores: Scores,
-    eps: Sequence[tuple[int, int, int, int]],
-    nodes: list[str],
-    links: list[str],
-    cfg: config_mod.StragglerConfig,
-) -> schema.Finding:
-    cols = sorted({e[0] for e in eps})
-    first, last, at = min(e[1] for e in eps), max(e[2] for e in eps), min(e[3] for e in eps)
-    rows = slice(first, last + 1)
-    with np.errstate(all="ignore"):
-        observed = float(np.nanmedian(a.transfer_s[rows][:, cols]))
-        baseline = float(np.nanmedian(np.nanmedian(a.transfer_s[rows], axis=1)))
-        z = float(np.nanmedian(scores.transfer_z[rows][:, cols]))
-    where = " <-> ".join(nodes) if links else ", ".join(nodes)
-    return findings.make_finding(
-        kind=Kind.SLOW_LINK,
-        job_id=a.job_id,
-        subjects=schema.Subjects(ranks=[int(a.ranks[c]) for c in cols], nodes=nodes, links=links),
-        step_start=int(a.steps[first]),
-        step_end=int(a.steps[last]),
-        summary=(
-            f"slow link {where}: collective transfer time "
-            f"{observed / max(baseline, 1e-12):.2f}x the median on {len(cols)} rank(s)"
-        ),
-        evidence=[
-            findings.evidence(
-                "collective_transfer_time", observed, baseline, unit="s", note=f"robust z {z:.1f}"
-            ),
-            findings.evidence("ranks_affected", len(cols)),
-        ],
-        confidence=findings.confidence_from_z(z, cfg.window, cfg.window),
-        detected_s=_time_at(a, at),
-        trace_start_s=_time_at(a, first, start=True),
-        trace_end_s=_time_at(a, last),
     )

@@ -96,6 +96,7 @@ class _JobStream:
             self.hang.observe_progress(
                 batch_newest, latest_end, float(steps.column("start_s").max())
             )
+            self.hang.observe_step_ends(steps.column("rank"), steps.column("end_s"))
         out.extend(self._analyse_ready())
         if newest_beat and not self.job_done:
             hang = self.hang.check(newest_beat)
@@ -275,8 +276,17 @@ class _JobStream:
             self.mfu_reported_step = change
             a = self.window.view(self.analysed[-len(self.mfu_series) :])
             metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
-            out.append(mfu.drop_finding(a, drop, metric, self.cfg.mfu))
+            out.append(self._fold(mfu.drop_finding(a, drop, metric, self.cfg.mfu)))
         return out
+
+    def _fold(self, drop: schema.Finding) -> schema.Finding:
+        """The drop, or the open straggler finding that explains it with the drop's evidence
+        added (re-sent under its id: the collector upserts it)."""
+        for key, finding in self.open.items():
+            if mfu.explains(finding, drop, self.cfg.straggler.window):
+                self.open[key] = mfu.folded(finding, drop)
+                return self.open[key]
+        return drop
 
     def _imbalance(self) -> list[schema.Finding]:
         a = self.window.view(self.analysed, with_aggs=True)

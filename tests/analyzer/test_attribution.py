@@ -34,6 +34,22 @@ def test_synchronous_waits_add_and_the_last_arrival_waits_nothing() -> None:
     np.testing.assert_allclose(got.transfer_s[0], [0.10, 0.10, 0.10], atol=1e-6)
 
 
+def test_transfer_is_not_inflated_when_the_last_arrival_changes_between_ops() -> None:
+    # Two 0.01 s all-gathers: rank 0 arrives last at the first (ranks 1, 2 wait 0.05, 0.03),
+    # rank 1 at the second (ranks 0, 2 wait 0.04, 0.02). No member's total is waits-free (the
+    # shortest, rank 0's 0.06 s, holds its 0.04 s wait at the second op); the last op alone
+    # shows its transfer (rank 1's 0.01 s).
+    got = _attribute(
+        [
+            _agg(0, 0.01 + 0.05, 0.05, count=2, seq=2),
+            _agg(1, 0.06 + 0.01, 0.01, count=2, seq=2),
+            _agg(2, 0.04 + 0.03, 0.03, count=2, seq=2),
+        ]
+    )
+    np.testing.assert_allclose(got.transfer_s[0], [0.02, 0.02, 0.02], atol=1e-6)
+    np.testing.assert_allclose(got.wait_s[0], [0.04, 0.05, 0.05], atol=1e-6)
+
+
 def test_overlapped_ops_wait_once_for_the_last() -> None:
     # DDP's buckets: every bucket of ranks 0 and 1 waited for rank 2, but the training thread
     # blocks only for the last one; summing the buckets would count the wait four times.
@@ -119,6 +135,47 @@ def test_ranks_that_all_keep_beating_are_not_crashed(tracker: hangs.HangTracker)
         tracker.observe_heartbeat(_beat(rank, 109.5, schema.RankState.COMPUTE))
     finding = tracker.check(110.0)
     assert finding is None or finding.kind == "hang"
+
+
+def _steps_and_beats(lost: range) -> list[schema.Record]:
+    """4 ranks, 1 s steps for 20 s; rank 1's heartbeats from second 6 to 12 are lost (its
+    step records still arrive)."""
+    out: list[schema.Record] = [schema.Job(job_id="j", name="j", world_size=4)]
+    for step in range(20):
+        for rank in range(4):
+            out.append(schema.StepRecord(job_id="j", rank=rank, step=step,
+                                         start_s=100.0 + step, end_s=100.9 + step))  # fmt: skip
+    for second in range(20):
+        for rank in range(4):
+            if not (rank == 1 and second in lost):
+                out.append(_beat(rank, 100.5 + second, schema.RankState.COMPUTE))
+    return out
+
+
+def test_a_rank_whose_steps_keep_arriving_is_alive_without_heartbeats() -> None:
+    from vigil.analyzer import engine, streaming
+
+    records = _steps_and_beats(lost=range(6, 13))
+    assert engine.analyze_records(records) == []
+    analyzer = streaming.StreamingAnalyzer()
+    found = []
+    for second in range(20):  # what a collector receives each second
+        batch = [r for r in records if isinstance(r, schema.Job) or
+                 getattr(r, "end_s", getattr(r, "time_s", 0.0)) // 1 == 100 + second]  # fmt: skip
+        found += [*analyzer.observe(batch), *analyzer.tick(100.9 + second)]
+    assert found == []
+
+
+def test_a_rank_silent_in_steps_and_heartbeats_is_still_a_crash() -> None:
+    from vigil.analyzer import engine
+
+    records = [
+        r
+        for r in _steps_and_beats(lost=range(6, 20))
+        if not (isinstance(r, schema.StepRecord) and r.rank == 1 and r.step >= 6)
+    ]
+    crash = [f for f in engine.analyze_records(records) if f.kind == "crash"]
+    assert [f.subjects.ranks for f in crash] == [[1]]
 
 
 def test_a_rank_that_died_before_sending_anything_is_the_culprit() -> None:

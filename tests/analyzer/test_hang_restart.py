@@ -29,10 +29,17 @@ def test_culprit_found_when_peers_block_in_waits_the_sdk_cannot_see() -> None:
     assert hangs.behind_everywhere({"g": {0: 3, 1: 3}}) is None
 
 
+def _behind(tracker: hangs.HangTracker) -> None:
+    """Rank 1 of the new attempt is one collective behind rank 0: a culprit to name."""
+    tracker.observe_seq(0, "world", 5, "all_reduce")
+    tracker.observe_seq(1, "world", 4, "all_reduce")
+
+
 def test_the_silence_of_a_restart_is_not_a_hang() -> None:
     tracker = _tracker()
     last = 100.0 + 19 * 0.25
     tracker.restarting(last + 0.5)
+    _behind(tracker)
     assert tracker.check(last + 30.0) is None  # ranks are starting: warm-up threshold
     tracker.observe_progress(20, last + 31.0)  # the new attempt's first step
     assert tracker.check(last + 32.0) is None
@@ -44,6 +51,7 @@ def test_a_step_the_old_attempt_finishes_while_stopping_does_not_end_the_warm_up
     tracker = _tracker()
     last = 100.0 + 19 * 0.25
     tracker.restarting(last + 0.5)
+    _behind(tracker)
     # Started before the restart, ended just after it: the old ranks, not the new attempt.
     tracker.observe_progress(20, last + 0.6, start_s=last + 0.2)
     assert tracker.check(last + 10.0) is None  # still the warm-up threshold

@@ -40,11 +40,16 @@ def test_groups_on_one_cpu_loaded_host_are_no_slow_link() -> None:
 
 def test_the_same_groups_across_two_hosts_at_that_ratio_would_be_one() -> None:
     """The bar is the hosts', not the numbers': the loaded job's groups, told they span two
-    hosts, still cross the (lower) network bar in one persistent episode."""
+    hosts, cross a network bar of 1.2x in one persistent episode; on their one host not even
+    that bar counts. (At the default 1.5x they cross neither: their transfer time is taken op
+    by op, without the waits a loaded CPU adds whenever the last arrival changes.)"""
+    cfg = config.StragglerConfig(link_ratio=1.2)
     a = _arrays(DATA / "jsonl_loaded_host" / "fsdp_tp-cpu-hog")
+    assert links.detect(a, cfg) == []
     a.nodes = tuple("host-a" if r < 2 else "host-b" for r in a.ranks.tolist())
-    found = links.detect(a, config.StragglerConfig())
+    found = links.detect(a, cfg)
     assert [f.kind for f in found] == [schema.FindingKind.SLOW_LINK]
+    assert links.detect(a, config.StragglerConfig()) == []
 
 
 def test_a_tbf_limited_link_is_found_between_its_hosts() -> None:

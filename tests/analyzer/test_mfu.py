@@ -183,8 +183,8 @@ def test_a_token_heavy_rank_is_not_blamed_as_a_straggler_for_an_mfu_drop() -> No
 
 
 def test_a_genuinely_slow_rank_is_still_the_straggler_of_an_mfu_drop() -> None:
-    found = engine.analyze_records(_imbalanced_job("slow"))
-    [drop] = [f for f in found if f.kind == schema.FindingKind.MFU_DROP]
+    records = _imbalanced_job("slow")
+    [drop] = mfu.detect(arrays.from_records(records), config.MfuConfig())
     assert drop.step_start == 60
     assert f"a straggler (rank {HEAVY})" in drop.summary, drop.summary
     assert drop.subjects.ranks == [HEAVY]
@@ -192,6 +192,11 @@ def test_a_genuinely_slow_rank_is_still_the_straggler_of_an_mfu_drop() -> None:
     # MFU before: 2,048 x 12,291,456 / (0.2 + 0.05 s) / 2e11; after: / (0.32 + 0.05 s).
     assert level.baseline == pytest.approx(MFU_BEFORE, rel=0.03)
     assert level.observed == pytest.approx(MFU_BEFORE * 0.25 / 0.37, rel=0.03)
+    # The straggler detector names the same rank: the drop is its evidence, not a 2nd finding.
+    found = engine.analyze_records(records)
+    assert [(f.kind, f.subjects.ranks) for f in found] == [(schema.FindingKind.STRAGGLER, [HEAVY])]
+    folded = next(e for e in found[0].evidence if e.metric == level.metric)
+    assert (folded.observed, folded.baseline) == (level.observed, level.baseline)
 
 
 def test_token_weighing_leaves_compute_alone_without_varying_tokens() -> None:
@@ -204,3 +209,15 @@ def test_token_weighing_leaves_compute_alone_without_varying_tokens() -> None:
     # Row 0: median tokens 12; 0.2 x 12/8 and 0.4 x 12/16 (the same per token). Row 1: rank 1
     # reported no tokens and keeps its raw compute.
     assert weighed.ravel().tolist() == pytest.approx([0.3, 0.3, 0.2, 0.2])
+
+
+def test_streaming_folds_the_drop_into_the_straggler_it_names() -> None:
+    records = _imbalanced_job("slow")
+    analyzer = streaming.StreamingAnalyzer()
+    out: list[schema.Finding] = []
+    for step in range(100):  # a collector's batches: one step of every rank at a time
+        out.extend(analyzer.observe([r for r in records if getattr(r, "step", 0) == step]))
+    assert {f.kind for f in out} == {schema.FindingKind.STRAGGLER}, [f.summary for f in out]
+    newest = out[-1]  # re-sent under its id with the drop's evidence
+    assert newest.finding_id == out[0].finding_id and newest.subjects.ranks == [HEAVY]
+    assert any(e.metric == "mfu" and "job mfu from step 60" in e.note for e in newest.evidence)

@@ -1,0 +1,158 @@
+"""The wait-for graph of a stalled job: which ranks never entered the collective others wait in.
+
+Pure functions over positions: `seqs[group][rank]`, the last sequence number each rank entered
+in each process group (from heartbeats and collective aggregates), and the ranks that say they
+wait inside a collective (`Wait`). `find_culprits` follows who waits for whom to the ranks at the
+ends of those chains; `behind_everywhere` names the ranks behind their peers in some group and
+ahead in none, for collectives whose waits the SDK cannot see (FSDP2, DTensor). Used by
+`hangs.HangTracker`; no state, no clocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wait:
+    """Where one rank waits: inside collective `seq` of `group` (op `op`)."""
+
+    rank: int
+    group: str
+    seq: int
+    op: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Culprits:
+    """The ranks that never entered the collective others wait in, and that collective."""
+
+    ranks: tuple[int, ...]
+    group: str
+    seq: int
+    op: str
+    num_waiting: int
+    resolved: bool  # False when the culprits are a best guess (membership unknown)
+
+
+def find_culprits(
+    waits: Sequence[Wait], seqs: dict[str, dict[int, int]], alive: Iterable[int]
+) -> Culprits | None:
+    """Follow the wait-for graph from every waiting rank to ranks that are not waiting.
+
+    `seqs[group][rank]` is the last sequence number `rank` entered in `group`; membership of a
+    group is the ranks ever seen in it. `alive` are all ranks known to the job.
+    """
+    if not waits:
+        return behind_everywhere(seqs)
+    waiting = {w.rank: w for w in waits}
+    culprits: set[int] = set()
+    frontier = list(waiting.values())
+    visited: set[int] = set(waiting)
+    while frontier:
+        wait = frontier.pop()
+        for member, seq in seqs.get(wait.group, {}).items():
+            if seq >= wait.seq or member in visited:
+                continue
+            visited.add(member)
+            if member in waiting:
+                frontier.append(waiting[member])
+            else:
+                culprits.add(member)
+    blocked = {c for c in culprits if _ahead_of_idle(c, seqs, set(waiting))}
+    if blocked:
+        # A "culprit" that entered a collective some other non-waiting rank has not is itself
+        # blocked there, in a wait the SDK cannot see (FSDP2 and DTensor collectives are
+        # asynchronous): it is a victim. Without other candidates, positions name the rank
+        # behind everywhere.
+        if blocked == culprits:
+            behind = behind_everywhere(seqs)
+            if behind is not None:
+                return dataclasses.replace(behind, num_waiting=len(waiting))
+        else:
+            culprits -= blocked
+    target = _deepest_wait(waits, culprits, seqs)
+    if culprits:
+        return Culprits(
+            ranks=tuple(sorted(culprits)),
+            group=target.group,
+            seq=target.seq,
+            op=target.op,
+            num_waiting=len(waiting),
+            resolved=True,
+        )
+    idle = sorted(set(alive) - set(waiting))
+    if not idle or len(idle) * 2 > len(waiting) + len(idle):
+        return behind_everywhere(seqs)
+    return Culprits(
+        ranks=tuple(idle),
+        group=target.group,
+        seq=target.seq,
+        op=target.op,
+        num_waiting=len(waiting),
+        resolved=False,
+    )
+
+
+def _ahead_of_idle(rank: int, seqs: dict[str, dict[int, int]], waiting: set[int]) -> bool:
+    """Has `rank` entered, in some group, a collective that a non-waiting peer has not?"""
+    for members in seqs.values():
+        mine = members.get(rank)
+        if mine is None:
+            continue
+        for peer, seq in members.items():
+            if peer != rank and peer not in waiting and seq < mine:
+                return True
+    return False
+
+
+def behind_everywhere(seqs: dict[str, dict[int, int]]) -> Culprits | None:
+    """Culprits when no rank says it is waiting (asynchronous collectives, e.g. FSDP2 and
+    DTensor, block in a wait the SDK cannot see): once progress has stopped, positions are
+    frozen, and the ranks that are behind a peer in some group and ahead of none in any group
+    never entered what their peers did."""
+    ahead: set[int] = set()
+    behind: dict[int, tuple[str, int]] = {}
+    for group, members in sorted(seqs.items()):
+        if len(members) < 2:
+            continue
+        top = max(members.values())
+        if min(members.values()) == top:
+            continue
+        for rank, seq in members.items():
+            if seq < top:
+                gap = behind.get(rank)
+                if gap is None or top - seq > gap[1] - members[rank]:
+                    behind[rank] = (group, top)
+            else:
+                ahead.add(rank)
+    culprits = sorted(set(behind) - ahead)
+    if not culprits:
+        return None
+    group, seq = behind[culprits[0]]
+    peers = {r for r, q in seqs[group].items() if q >= seq}
+    return Culprits(
+        ranks=tuple(culprits), group=group, seq=seq, op="", num_waiting=len(peers), resolved=True
+    )
+
+
+def _deepest_wait(
+    waits: Sequence[Wait], culprits: set[int], seqs: dict[str, dict[int, int]]
+) -> Wait:
+    """The collective the culprits should have entered: the wait they block most directly.
+
+    Among the collectives ranks wait in, pick one a culprit has not entered with the fewest
+    members missing (a hang in a node's tensor-parallel group also stalls the data-parallel
+    all-reduce; the tensor-parallel collective is the one to name).
+    """
+    best, best_missing = waits[0], None
+    for wait in {(w.group, w.seq): w for w in waits}.values():
+        members = seqs.get(wait.group, {})
+        missing = [m for m, seq in members.items() if seq < wait.seq]
+        if not culprits.intersection(missing):
+            continue
+        if best_missing is None or len(missing) < best_missing:
+            best, best_missing = wait, len(missing)
+    return best
