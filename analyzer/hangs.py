@@ -6,11 +6,11 @@ hang once no step has ended for `max(factor x median recent step time, slow_step
 95th percentile, min_s)` seconds (a job that has just turned slow, or one rank's one-off hiccup,
 is not hung) and positions name a culprit (`waitgraph`: the ranks at the ends of the chains of
 who waits for whom never entered the collective the others wait in); a stall nobody can be named
-for is reported only after `unknown_culprit_factor` thresholds. A culprit
-whose newest heartbeat predates the stall (its flusher delayed by a loaded CPU, its shipper
-retrying after a collector restart) is late to report, not behind: the finding waits for its
-next heartbeat (a few seconds at most, then names it with lower confidence). A heartbeat that
-arrives after a newer one of its rank does not move it back. Pure: the caller supplies `now_s`.
+for is reported only after `unknown_culprit_factor` thresholds. A culprit whose newest heartbeat
+predates the stall (its flusher delayed by a loaded CPU, its shipper retrying after a collector
+restart) is late to report, not behind: the finding waits for its next heartbeat (a few seconds
+at most, then names it with lower confidence). A heartbeat that arrives after a newer one of its
+rank does not move it back. Pure: the caller supplies `now_s`.
 
 It also tells a crash from a hang by the heartbeats, which the SDK's background thread sends
 each second whatever the training thread does: a hung rank keeps sending them, a dead one does
