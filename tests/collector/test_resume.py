@@ -63,8 +63,19 @@ def test_a_restarted_analyzer_declares_a_hang_from_heartbeats_alone(tmp_path: Pa
     hangs = []
     for t in range(1, 120):  # the job hung at its last step; beats keep coming each second
         now = last_end + t
+        # Rank 3 never entered the next all-reduce the others wait in: the hang's culprit
+        # (a stall that positions cannot name anyone for waits several thresholds).
         beats: list[schema.Record] = [
-            schema.Heartbeat(job_id="resume", rank=r, time_s=now, last_step=STEPS - 1)
+            schema.Heartbeat(
+                job_id="resume",
+                rank=r,
+                time_s=now,
+                last_step=STEPS - 1,
+                last_group="dp",
+                last_seq=STEPS if r == 3 else STEPS + 1,
+                last_op="all_reduce",
+                state=schema.RankState.COMPUTE if r == 3 else schema.RankState.IN_COLLECTIVE,
+            )
             for r in range(RANKS)
         ]
         hangs.extend(f for f in resumed.observe(beats) if f.kind == "hang")
@@ -72,6 +83,7 @@ def test_a_restarted_analyzer_declares_a_hang_from_heartbeats_alone(tmp_path: Pa
         if hangs:
             break
     assert hangs, "no hang after two minutes of heartbeats without progress"
+    assert hangs[0].subjects.ranks == [3]
     step_time = (
         last_end - min(r.start_s for b in batches for r in b if isinstance(r, schema.StepRecord))
     ) / STEPS
