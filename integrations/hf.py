@@ -25,7 +25,7 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
   step, or summed and scaled by the ranks when Trainer normalises it by the step's items), a
   detached tensor the SDK reads off the training thread, so no device sync;
 - a "checkpoint" request sets `control.should_save` at a step end every rank agrees on
-  (`hf_control`), so Trainer writes its own `checkpoint-N` folder; once Trainer has saved one
+  (`save_agreement`), so Trainer writes its own `checkpoint-N` folder; once Trainer has saved one
   (on request or by its own `save_strategy`), world rank 0 reports it to vigil
   (`vigil.agent.checkpoint_committed`: step, folder, bytes, save time).
 
@@ -54,7 +54,7 @@ import transformers
 import vigil.agent
 from vigil.agent import sdk
 from vigil.env import EnvVar
-from vigil.integrations import hf_control, hf_shape
+from vigil.integrations import hf_shape, save_agreement
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class VigilCallback(transformers.TrainerCallback):
         self._scope: Any = None
         self._handle: Any = None
         self._hooks: list[Any] = []
-        self._agreement = hf_control.SaveAgreement()
+        self._agreement = save_agreement.SaveAgreement()
         self._micro = _MicroBatches()
 
     # -- errors ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
   at those two points;
 - a "checkpoint" control request is honoured at a step's end, the same one on every rank (a
   request reaches each rank's page on its own, and ranks may see it a step apart): the
-  framework-neutral `hf_control.SaveAgreement` agrees without stalling a step (an async
+  framework-neutral `save_agreement.SaveAgreement` agrees without stalling a step (an async
   one-integer all-reduce over a gloo group of its own, read one step later), then every rank
   calls `trainer.save_checkpoint(path)`, as Lightning's distributed saves require. `path` is
   `<dir>/vigil-step=<global_step>.ckpt`, `dir` being `checkpoint_dir`, else the trainer's
@@ -37,7 +37,7 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
 
 Fail-open: every hook catches its own errors, logs the first few and never raises into training.
 This module imports Lightning (`lightning.pytorch`, else `pytorch_lightning`), `vigil.agent` and
-its sibling `hf_control` (torch only); it must not import any other vigil subsystem.
+its sibling `save_agreement` (torch only); it must not import any other vigil subsystem.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import torch
 import vigil.agent
 from vigil import flops, schema
 from vigil.env import EnvVar
-from vigil.integrations import hf_control
+from vigil.integrations import save_agreement
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -201,7 +201,7 @@ class VigilCallback(pl.Callback):
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._data: Any = None
-        self._agreement = hf_control.SaveAgreement()
+        self._agreement = save_agreement.SaveAgreement()
 
     # -- fail-open plumbing ---------------------------------------------------------------
     def _failed(self, where: str, exc: BaseException) -> None:

@@ -23,7 +23,7 @@ from tests.integrations import hf_job
 from vigil import flops
 from vigil.agent import progress
 from vigil.env import EnvVar
-from vigil.integrations import hf, hf_control, hf_shape
+from vigil.integrations import hf, hf_shape, save_agreement
 from vigil.recovery.local import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -212,7 +212,7 @@ def test_bad_options_are_refused_with_what_was_wrong() -> None:
 
 
 def test_alone_a_request_saves_at_the_step_end_it_is_seen_once_per_request() -> None:
-    agreement = hf_control.SaveAgreement()
+    agreement = save_agreement.SaveAgreement()
     agreement.start()  # no process group: nothing to agree with
     assert agreement.save_now() is False
     agreement.request()

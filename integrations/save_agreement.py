@@ -1,4 +1,4 @@
-"""When every rank of a Hugging Face Trainer job saves the checkpoint a request asks for.
+"""When every rank of a framework-trained job (HF Trainer, Lightning) saves a requested checkpoint.
 
 A request reaches each rank through its own progress page, and ranks see it at their own next
 step boundary, which may differ by a step. Trainer's save is collective under FSDP (the state
