@@ -11,18 +11,14 @@ names the tp and dp groups it holds up by label, node and ranks.
 
 from __future__ import annotations
 
-import datetime
 import json
-import multiprocessing
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.integrations import workers
 from tests.realjobs import launch as launcher
 from vigil import codec, schema
 
@@ -38,15 +34,7 @@ def _labels_job(rank: int, port: int, out: str) -> None:
 
     import vigil.agent
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60)
-    )
-    vigil.agent.init(
-        job="labels", collector=None, output_dir=out, progress_dir=f"{out}/pages", run_id="l"
-    )
+    workers.join(rank, WORLD, port, out, job="labels", timeout_s=60)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     mesh3 = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("pp", "dp", "cp"))
     dp_cp = mesh3["dp", "cp"]._flatten().get_group()
@@ -81,22 +69,6 @@ def _labels_job(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(target: Any, out: Path, timeout_s: float) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    port = launcher.free_port()
-    procs = [ctx.Process(target=target, args=(r, port, str(out))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    assert [p.exitcode for p in procs] == [0] * WORLD
-
-
 def _aggs(folder: Path) -> dict[int, list[schema.CollectiveAggregate]]:
     by_rank: dict[int, list[schema.CollectiveAggregate]] = {}
     for path in sorted(folder.glob("**/rank-*.jsonl")):
@@ -110,7 +82,7 @@ def _aggs(folder: Path) -> dict[int, list[schema.CollectiveAggregate]]:
 @pytest.fixture(scope="module")
 def labels_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("labels")
-    _spawn(_labels_job, out, timeout_s=120)
+    workers.spawn(_labels_job, out, WORLD, timeout_s=120)
     return out
 
 

@@ -13,10 +13,7 @@ schedule is timed on a GPU by bench/gpu/megatron_check.py.
 
 from __future__ import annotations
 
-import datetime
 import json
-import multiprocessing
-import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.realjobs import launch as launcher
+from tests.integrations import workers
 from vigil import codec, schema
 
 WORLD = 4
@@ -84,15 +81,7 @@ def _megatron_job(rank: int, port: int, out: str) -> None:
     import vigil.agent
     from vigil.integrations import megatron as vigil_megatron
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120)
-    )
-    vigil.agent.init(
-        job="megatron", collector=None, output_dir=out, progress_dir=f"{out}/pages", run_id="m"
-    )
+    workers.join(rank, WORLD, port, out, job="megatron", timeout_s=120)
     result: dict[str, Any] = {}
     for n, (name, (tp, pp)) in enumerate(LAYOUTS.items()):
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
@@ -145,19 +134,7 @@ def _megatron_job(rank: int, port: int, out: str) -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("megatron.core")
     out = tmp_path_factory.mktemp("megatron")
-    ctx = multiprocessing.get_context("spawn")
-    port = launcher.free_port()
-    procs = [ctx.Process(target=_megatron_job, args=(r, port, str(out))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 240
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    assert [p.exitcode for p in procs] == [0] * WORLD
+    workers.spawn(_megatron_job, out, WORLD, timeout_s=240)
     return out
 
 
