@@ -9,10 +9,13 @@ in the environment; gloo on CPU) or alone:
                      [--device cpu|cuda] [--cases CASES.json] [--progress-dir P]
 
 One case by default: `--steps` optimizer steps, and each rank writes
-`DIR/step_times.rank<R>.json`, the wall seconds of each optimizer step (on_step_begin to
-on_step_end) measured by a plain callback of the job's own, vigil or not; `--no-vigil` runs the
-same training without `VigilCallback` (bench/integrations.py compares the two). `--cases` runs
-several cases in turn in one process group, each a vigil job of its own (JSON list of objects):
+`DIR/step_times.rank<R>.json`, the wall seconds of each optimizer step measured by a plain
+callback of the job's own, vigil or not, from the previous step's end (the first: from train
+begin) to this one's, so everything between two steps counts, other callbacks' hooks and the
+data loader included; `--no-vigil` runs the same training without `VigilCallback`. `--cases`
+runs several cases in turn in one process group, each a fresh Trainer and model (same seed)
+and a vigil job of its own unless `"vigil": false`, which leaves the callback out
+(bench/integrations.py interleaves the two this way) (JSON list of objects):
 
     {"job": NAME, "steps": N, "grad_accum": K, "slow": {"rank": R, "factor": F} | null,
      "vigil": true, "parallel": "ddp" | "fsdp", "no_vigil_rank": R | null}
@@ -21,7 +24,8 @@ several cases in turn in one process group, each a vigil job of its own (JSON li
 3..8 (a straggler). `no_vigil_rank`: vigil cannot start on rank R (its progress folder
 cannot be made), the others run it. For every case each rank writes
 `DIR/<job>/job.rank<R>.json`: what the job itself counted per optimizer step (Trainer's
-global_step, the non-padding tokens and all positions of its micro-batches, the loss Trainer's
+global_step, the step's wall seconds from on_step_begin to on_step_end and from the previous
+step's end, the non-padding tokens and all positions of its micro-batches, the loss Trainer's
 training_step returned summed over them), the checkpoint folders Trainer wrote and whether
 accelerate really sharded the model. vigil's
 files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to `DIR/<job>/trainer/`.
@@ -32,6 +36,7 @@ control API through a node agent) makes Trainer save a `checkpoint-N` folder the
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -109,7 +114,11 @@ class JobLog(transformers.TrainerCallback):
         self.trainer: CountingTrainer | None = None
         self.steps: list[dict[str, Any]] = []
         self.started = 0.0
+        self.ended = 0.0
         self.sleep_s = 0.0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.ended = time.perf_counter()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.perf_counter()
@@ -122,13 +131,16 @@ class JobLog(transformers.TrainerCallback):
             time.sleep(self.sleep_s)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        seconds = time.perf_counter() - self.started
+        now = time.perf_counter()
+        seconds, interval = now - self.started, now - self.ended
+        self.ended = now
         trainer = self.trainer
         assert trainer is not None
         self.steps.append(
             {
                 "step": state.global_step,
                 "seconds": seconds,
+                "interval": interval,
                 "tokens": trainer.step_tokens,
                 "positions": trainer.step_positions,
                 "loss": trainer.step_loss,
@@ -249,12 +261,13 @@ def _main() -> int:
     if ns.cases:
         for case in json.loads(ns.cases.read_text()):
             run_case(case, ns, rank)
+            gc.collect()  # the last case's Trainer and model go before the next one is timed
         return 0
     job = f"hf-bench-{'plain' if ns.no_vigil else 'vigil'}"
     case = {"job": job, "steps": ns.steps, "grad_accum": ns.grad_accum, "vigil": not ns.no_vigil}
     steps = run_case(case, ns, rank)
     ns.out.mkdir(parents=True, exist_ok=True)
-    times = [s["seconds"] for s in steps]
+    times = [s["interval"] for s in steps]
     (ns.out / f"step_times.rank{rank}.json").write_text(json.dumps(times))
     return 0
 

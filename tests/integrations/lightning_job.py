@@ -7,7 +7,7 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
         [--strategy ddp|fsdp2|fsdp|fsdp-cpu] [--accelerator cpu|cuda] [--accumulate K]
         [--batch B] [--nproc N] [--job NAME] [--seed S]
         [--slow-rank R --slow-s SECONDS --slow-from STEP] [--request-checkpoint-at STEP]
-        [--collector URL] [--progress-dir DIR] [--also-jsonl]
+        [--collector URL] [--progress-dir DIR] [--also-jsonl] [--cases CASES.json]
 
 - Ranks: under a torchrun-like launcher (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
   MASTER_PORT set) it is one of WORLD_SIZE ranks; otherwise Lightning's own launcher starts
@@ -33,11 +33,19 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
   from global step STEP on (a straggler).
 - `--request-checkpoint-at STEP`: once global step STEP is reached, rank 0 runs
   `vigil agent --request checkpoint --job NAME --progress-dir DIR`, as an operator would.
+- `--cases CASES.json` (under a launcher only): several fits in turn in one process group, a
+  JSON list of `{"job": NAME, "steps": N, "vigil": true|false}` (the other options as given),
+  each a fresh Trainer and a fresh model with the same seed (so the same weights and data), with
+  its own SDK session when `vigil` (init at setup, shutdown at teardown: its records in
+  `DIR/NAME/rank-NNNNN.jsonl`, or `$VIGIL_OUTPUT_DIR/NAME/`) and no callback of vigil's at all
+  when not; each fit's own files go to `DIR/NAME/` (bench/integrations.py interleaves fits with
+  and without vigil this way).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -220,7 +228,7 @@ def _callbacks(args: argparse.Namespace, log: StepLog) -> list[pl.Callback]:
     if args.progress_dir:
         options["progress_dir"] = args.progress_dir
     if not os.environ.get("VIGIL_OUTPUT_DIR"):
-        options["output_dir"] = args.out
+        options["output_dir"] = args.vigil_out
     if args.collector:
         options.update(collector=args.collector, also_jsonl=args.also_jsonl)
     else:
@@ -228,6 +236,64 @@ def _callbacks(args: argparse.Namespace, log: StepLog) -> list[pl.Callback]:
     shape = schema.ModelShape(params=0, layers=LAYERS, hidden=HIDDEN, heads=HEADS, seq_len=SEQ)
     vigil_cb = VigilCallback(job=args.job, model_shape=shape, peak_flops=1e11, **options)
     return [log, vigil_cb]
+
+
+def trainer_options(*, steps: int, accumulate: int, root: str | Path) -> dict[str, Any]:
+    """The `pl.Trainer` options of this job (and of the in-process tests): no logger, progress
+    bar, model summary, validation or automatic checkpointing, only the training vigil sees."""
+    return {
+        "max_steps": steps,
+        "accumulate_grad_batches": accumulate,
+        "default_root_dir": root,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
+    }
+
+
+def fit(args: argparse.Namespace, devices: int) -> None:
+    """One fit of a fresh model (seeded: every fit starts from the same weights and data);
+    writes step_times.rank<R>.json and job.rank<R>.json to `args.out`."""
+    pl.seed_everything(args.seed, verbose=False)
+    module = TinyGPT(slow_rank=args.slow_rank, slow_s=args.slow_s, slow_from=args.slow_from)
+    samples = args.steps * args.accumulate * args.batch * devices
+    loader = DataLoader(PaddedTokens(samples, args.seed), batch_size=args.batch)
+    log = StepLog(args)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=devices,
+        strategy=_strategy(args.strategy, "nccl" if args.accelerator == "cuda" else "gloo"),
+        callbacks=_callbacks(args, log),
+        **trainer_options(steps=args.steps, accumulate=args.accumulate, root=args.out),
+    )
+    trainer.fit(module, loader)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rank = trainer.global_rank
+    (out / f"step_times.rank{rank}.json").write_text(json.dumps(log.times))
+    saved = [str(p) for cb in trainer.callbacks for p in getattr(cb, "checkpoints", [])]
+    record = {"steps": log.steps, "global_step": trainer.global_step, "checkpoints": saved}
+    record["finite"] = all(math.isfinite(s["loss"]) for s in log.steps)
+    (out / f"job.rank{rank}.json").write_text(json.dumps(record))
+
+
+def _cases(args: argparse.Namespace, devices: int) -> None:
+    """`--cases`: one fit per case, in turn, in this one process group (see the docstring)."""
+    cases = json.loads(Path(args.cases).read_text())
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and "job" in c for c in cases):
+        raise SystemExit(f"{args.cases}: expected a JSON list of objects with a 'job' name")
+    root = Path(args.out)
+    for case in cases:
+        run = argparse.Namespace(**vars(args))
+        run.job, run.out = case["job"], str(root / case["job"])
+        run.steps = int(case.get("steps", args.steps))
+        run.no_vigil = not case.get("vigil", True)
+        run.vigil_out = str(root)  # vigil's records: DIR/<job>/rank-NNNNN.jsonl
+        fit(run, devices)
+        gc.collect()  # the last fit's model and trainer go before the next one is timed
 
 
 def main() -> None:
@@ -249,41 +315,21 @@ def main() -> None:
     parser.add_argument("--collector", default=None)
     parser.add_argument("--also-jsonl", action="store_true")
     parser.add_argument("--progress-dir", default=None)
+    parser.add_argument("--cases", default=None, help="JSON list of fits (see the docstring)")
     args = parser.parse_args()
     args.job = args.job or os.environ.get("VIGIL_JOB") or "lightning-job"
+    args.vigil_out = args.out
     if min(args.steps, args.accumulate, args.nproc, args.batch) < 1:
         parser.error("--steps, --accumulate, --batch and --nproc must be >= 1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     external = os.environ.get("WORLD_SIZE")
     devices = int(external) if external else args.nproc
-    pl.seed_everything(args.seed, verbose=False)
-    module = TinyGPT(slow_rank=args.slow_rank, slow_s=args.slow_s, slow_from=args.slow_from)
-    samples = args.steps * args.accumulate * args.batch * devices
-    loader = DataLoader(PaddedTokens(samples, args.seed), batch_size=args.batch)
-    log = StepLog(args)
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=devices,
-        strategy=_strategy(args.strategy, "nccl" if args.accelerator == "cuda" else "gloo"),
-        max_steps=args.steps,
-        accumulate_grad_batches=args.accumulate,
-        callbacks=_callbacks(args, log),
-        default_root_dir=args.out,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(module, loader)
-    out = Path(args.out)
-    rank = trainer.global_rank
-    (out / f"step_times.rank{rank}.json").write_text(json.dumps(log.times))
-    saved = [str(p) for cb in trainer.callbacks for p in getattr(cb, "checkpoints", [])]
-    record = {"steps": log.steps, "global_step": trainer.global_step, "checkpoints": saved}
-    record["finite"] = all(math.isfinite(s["loss"]) for s in log.steps)
-    (out / f"job.rank{rank}.json").write_text(json.dumps(record))
+    if args.cases:
+        if not external:
+            parser.error("--cases runs under a torchrun-like launcher (WORLD_SIZE unset)")
+        _cases(args, devices)
+    else:
+        fit(args, devices)
 
 
 if __name__ == "__main__":

@@ -33,16 +33,8 @@ def _fit(tmp_path: Path, callbacks: list[pl.Callback], *, steps: int = 4) -> job
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=steps,
-        accumulate_grad_batches=2,
         callbacks=callbacks,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
+        **job.trainer_options(steps=steps, accumulate=2, root=tmp_path),
     )
     trainer.fit(module, loader)
     assert trainer.global_step == steps
