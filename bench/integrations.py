@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import vigil
+import vigil.agent
+import vigil.integrations
+from vigil.agent import ddp_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = {
@@ -61,6 +67,7 @@ WORKLOADS = {
     "lightning": ["--batch", "64", "--accumulate", "2"],
 }
 MODES = ("vigil", "plain", "plain_again")
+KINDS = ("wall", "cpu")
 ORDERS = (("vigil", "plain", "plain_again"), ("plain_again", "plain", "vigil"))
 WORLD = 2
 
@@ -81,8 +88,11 @@ def _case(fw: str, name: str, mode: str, steps: int) -> dict[str, Any]:
     return case
 
 
-def _launch(fw: str, cases: list[dict[str, Any]], out: Path, timeout_s: float) -> None:
-    """Run the framework's job on WORLD ranks, all `cases` in turn in one process group."""
+def _launch(
+    fw: str, cases: list[dict[str, Any]], out: Path, timeout_s: float, *, spy: Path | None = None
+) -> None:
+    """Run the framework's job on WORLD ranks, all `cases` in turn in one process group;
+    `spy`: py-spy samples rank 0 into this file (raw format) while it runs."""
     out.mkdir(parents=True)
     spec = out / "cases.json"
     spec.write_text(json.dumps(cases))
@@ -108,6 +118,7 @@ def _launch(fw: str, cases: list[dict[str, Any]], out: Path, timeout_s: float) -
         command += WORKLOADS[fw]
         log = (out / f"rank-{rank}.log").open("wb")
         procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    sampler = _spy(procs[0].pid, spy) if spy is not None else None
     deadline = time.monotonic() + timeout_s
     codes = []
     for proc in procs:
@@ -117,21 +128,74 @@ def _launch(fw: str, cases: list[dict[str, Any]], out: Path, timeout_s: float) -
             for p in procs:
                 p.kill()
             raise SystemExit(f"{fw} job ran past {timeout_s:.0f} s; logs in {out}") from exc
+    if sampler is not None:
+        _, err = sampler.communicate(timeout=120)  # py-spy ends with the process it samples
+        if spy is not None and not spy.is_file():
+            raise SystemExit(f"py-spy wrote no samples: {err.decode(errors='replace')[-500:]}")
     if any(codes):
         tail = (out / "rank-0.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"{fw} job exited {codes}; rank 0 log:\n{tail}")
 
 
-def _block_times(fw: str, out: Path, name: str, steps: int) -> list[float]:
-    """Rank 0's per-step wall seconds of one block, as the job's own timer measured them."""
+def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit(
+            "py-spy is not installed (it comes with the dev extra); or --sampled-steps 0"
+        )
+    time.sleep(1.0)  # the interpreter is up (the job's imports alone take seconds)
+    cmd = [spy, "record", "--pid", str(pid), "--rate", "250", "--idle", "--nonblocking"]
+    cmd += ["--threads", "--full-filenames", "--format", "raw", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+# The frame every sample of a training loop's steps has (start-up, set-up and the end have not):
+# Trainer's loop over an epoch's steps, Lightning's epoch loop.
+TRAINING_LOOP = {"hf": "Trainer._run_epoch", "lightning": "_TrainingEpochLoop.run"}
+# vigil frames that hand over to work the job does without vigil too: the collective a patched
+# torch.distributed function or Work.wait runs, DDP's own bucket division and all-reduce start.
+PASS_THROUGH = {"_wrap.<locals>.wrapper", "_wrap_wait.<locals>.wait", *ddp_hook.DDP_BUCKET_WORK}
+
+
+def _vigil_share(fw: str, raw: Path) -> tuple[float, float, int]:
+    """(% of rank 0's training-thread samples inside its training loop spent in vigil's own code,
+    % in collectives and DDP bucket work reached through vigil's wrappers, samples)."""
+    ours = tuple(
+        os.path.dirname(m.__file__ or "") + os.sep for m in (vigil, vigil.agent, vigil.integrations)
+    )
+    total = own = through = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames[0].endswith("MainThread") or not any(
+            f.startswith(TRAINING_LOOP[fw] + " (") for f in frames
+        ):
+            continue
+        total += int(count)
+        mine = [f for f in frames[1:] if f.rpartition(" (")[2].startswith(ours)]
+        if mine:
+            if mine[-1].partition(" (")[0] in PASS_THROUGH:
+                through += int(count)
+            else:
+                own += int(count)
+    if not total:
+        raise SystemExit(f"py-spy sampled no {fw} training loop in {raw}")
+    return 100.0 * own / total, 100.0 * through / total, total
+
+
+def _block_times(fw: str, out: Path, name: str, steps: int) -> tuple[list[float], list[float]]:
+    """Rank 0's per-step wall seconds of one block, as the job's own timer measured them, and
+    its process's CPU seconds (all threads) over each."""
     if fw == "hf":
         own = json.loads((out / name / "job.rank0.json").read_text())
         times = [float(s["interval"]) for s in own["steps"]]
+        cpu = [float(s["cpu"]) for s in own["steps"]]
     else:
         times = [float(t) for t in json.loads((out / name / "step_times.rank0.json").read_text())]
-    if len(times) != steps:
+        cpu = [float(t) for t in json.loads((out / name / "step_cpu.rank0.json").read_text())]
+    if len(times) != steps or len(cpu) != steps:
         raise SystemExit(f"{fw} block {name} timed {len(times)} steps, expected {steps}")
-    return times
+    return times, cpu
 
 
 def _vigil_steps(fw: str, out: Path, name: str) -> int:
@@ -152,30 +216,51 @@ def _median_interval(values: list[float], rng: np.random.Generator) -> tuple[flo
 
 def _bench(
     fw: str, args: argparse.Namespace, tmp: Path, order_rng: random.Random
-) -> dict[str, list[float]]:
-    """Per-round block medians (seconds) of each mode, from one launch of the framework's job."""
+) -> dict[str, dict[str, list[float]]]:
+    """Per-round block medians (seconds) of each mode, wall ("wall") and CPU ("cpu"), from one
+    launch of the framework's job."""
     plan = _plan(fw, args.rounds, order_rng)
     out = tmp / fw
     started = time.monotonic()
     _launch(fw, [_case(fw, name, mode, args.steps) for _, mode, name in plan], out, args.timeout)
     print(f"{fw}: {len(plan)} blocks of {args.steps} steps in {time.monotonic() - started:.0f} s")
-    medians: dict[str, list[float]] = {m: [] for m in MODES}
+    medians: dict[str, dict[str, list[float]]] = {k: {m: [] for m in MODES} for k in KINDS}
     for r, mode, name in plan:
-        times = _block_times(fw, out, name, args.steps)
+        times, cpu = _block_times(fw, out, name, args.steps)
         if mode == "vigil" and (recorded := _vigil_steps(fw, out, name)) != args.steps:
-            raise SystemExit(
-                f"{fw} block {name}: {recorded} vigil step records, {args.steps} steps"
-            )
+            message = f"{fw} block {name}: {recorded} vigil step records for {args.steps} steps"
+            raise SystemExit(message)
         if r >= 0:
-            medians[mode].append(float(np.median(times[args.skip :])))
+            medians["wall"][mode].append(float(np.median(times[args.skip :])))
+            medians["cpu"][mode].append(float(np.median(cpu[args.skip :])))
+    wall = medians["wall"]
     for r in range(args.rounds):
-        base = medians["plain"][r]
+        base = wall["plain"][r]
         print(
             f"{fw} round {r}: plain {base * 1e3:.1f} ms/step, vigil "
-            f"{medians['vigil'][r] / base:.4f}, A/A {medians['plain_again'][r] / base:.4f}",
+            f"{wall['vigil'][r] / base:.4f}, A/A {wall['plain_again'][r] / base:.4f}; CPU vigil "
+            f"{medians['cpu']['vigil'][r] / medians['cpu']['plain'][r]:.4f}",
             flush=True,
         )
     return medians
+
+
+def _ratios(
+    medians: dict[str, list[float]], rng: np.random.Generator
+) -> tuple[float, list[float], float, list[float]]:
+    """Median per-round vigil/plain and plain_again/plain ratios with bootstrap 90 % intervals."""
+    plain = np.asarray(medians["plain"])
+    ratio, ratio_90 = _median_interval(list(np.asarray(medians["vigil"]) / plain), rng)
+    aa, aa_90 = _median_interval(list(np.asarray(medians["plain_again"]) / plain), rng)
+    return ratio, ratio_90, aa, aa_90
+
+
+def _sampled(fw: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int]:
+    """One more launch, vigil only, `--sampled-steps` steps, rank 0 sampled by py-spy."""
+    out = tmp / f"{fw}-sampled"
+    case = _case(fw, f"{fw}-sampled", "vigil", args.sampled_steps)
+    _launch(fw, [case], out, args.timeout, spy=out.with_suffix(".spy"))
+    return _vigil_share(fw, out.with_suffix(".spy"))
 
 
 def main() -> None:
@@ -186,11 +271,14 @@ def main() -> None:
     parser.add_argument("--frameworks", default="hf,lightning")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sampled-steps", type=int, default=80, help="steps of the py-spy sampled run (0: none)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--keep", type=Path, help="keep the jobs' files in this (new) folder")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.steps = 2, 8
+        args.rounds, args.steps, args.sampled_steps = 2, 8, 20
     if args.rounds < 2 or args.steps <= args.skip or args.skip < 0:
         parser.error("need --rounds >= 2 and --steps > --skip >= 0")
     frameworks = [f for f in args.frameworks.split(",") if f]
@@ -202,20 +290,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vigil-bench-integrations-") as tmp:
         for fw in frameworks:
             medians = _bench(fw, args, args.keep or Path(tmp), order_rng)
-            plain = np.asarray(medians["plain"])
-            ratio, ratio_90 = _median_interval(list(np.asarray(medians["vigil"]) / plain), boot_rng)
-            aa, aa_90 = _median_interval(list(np.asarray(medians["plain_again"]) / plain), boot_rng)
+            ratio, ratio_90, aa, aa_90 = _ratios(medians["wall"], boot_rng)
+            cpu, cpu_90, cpu_aa, _ = _ratios(medians["cpu"], boot_rng)
+            plain_ms = float(np.median(medians["wall"]["plain"])) * 1e3
             print(
                 f"{fw}: overhead ratio {ratio:.4f} (90% interval {ratio_90[0]:.4f}-"
                 f"{ratio_90[1]:.4f}), A/A {aa:.4f} ({aa_90[0]:.4f}-{aa_90[1]:.4f}), "
-                f"plain step {float(np.median(plain)) * 1e3:.1f} ms",
+                f"plain step {plain_ms:.1f} ms; CPU per step {cpu:.4f} ({cpu_90[0]:.4f}-"
+                f"{cpu_90[1]:.4f}), its A/A {cpu_aa:.4f}",
                 flush=True,
             )
             result[f"{fw}_overhead_ratio"] = round(ratio, 4)
             result[f"{fw}_overhead_ratio_90"] = [round(v, 4) for v in ratio_90]
             result[f"{fw}_aa_ratio"] = round(aa, 4)
             result[f"{fw}_aa_ratio_90"] = [round(v, 4) for v in aa_90]
-            result[f"{fw}_plain_step_ms"] = round(float(np.median(plain)) * 1e3, 2)
+            result[f"{fw}_cpu_ratio"] = round(cpu, 4)
+            result[f"{fw}_cpu_ratio_90"] = [round(v, 4) for v in cpu_90]
+            result[f"{fw}_cpu_aa_ratio"] = round(cpu_aa, 4)
+            result[f"{fw}_plain_step_ms"] = round(plain_ms, 2)
+            if args.sampled_steps:
+                own, through, samples = _sampled(fw, args, args.keep or Path(tmp))
+                print(
+                    f"{fw}: rank 0's training thread in vigil's own code {own:.2f}% of its "
+                    f"training loop's wall time ({samples} py-spy samples, {args.sampled_steps} "
+                    f"steps); in collectives and DDP bucket work through vigil's wrappers "
+                    f"{through:.2f}%",
+                    flush=True,
+                )
+                result[f"{fw}_vigil_thread_pct"] = round(own, 2)
     result["rounds"], result["steps"], result["skip"] = args.rounds, args.steps, args.skip
     result["world"] = WORLD
     print(json.dumps(result))

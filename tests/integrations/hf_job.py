@@ -25,9 +25,9 @@ and a vigil job of its own unless `"vigil": false`, which leaves the callback ou
 cannot be made), the others run it. For every case each rank writes
 `DIR/<job>/job.rank<R>.json`: what the job itself counted per optimizer step (Trainer's
 global_step, the step's wall seconds from on_step_begin to on_step_end and from the previous
-step's end, the non-padding tokens and all positions of its micro-batches, the loss Trainer's
-training_step returned summed over them), the checkpoint folders Trainer wrote and whether
-accelerate really sharded the model. vigil's
+step's end, the process's CPU seconds over the latter, the non-padding tokens and all
+positions of its micro-batches, the loss Trainer's training_step returned summed over them),
+the checkpoint folders Trainer wrote and whether accelerate really sharded the model. vigil's
 files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to `DIR/<job>/trainer/`.
 A "checkpoint" request (`vigil agent --request checkpoint --job NAME`, or the collector's
 control API through a node agent) makes Trainer save a `checkpoint-N` folder there.
@@ -114,11 +114,11 @@ class JobLog(transformers.TrainerCallback):
         self.trainer: CountingTrainer | None = None
         self.steps: list[dict[str, Any]] = []
         self.started = 0.0
-        self.ended = 0.0
+        self.ended = self.cpu = 0.0
         self.sleep_s = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.ended = time.perf_counter()
+        self.ended, self.cpu = time.perf_counter(), time.process_time()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.perf_counter()
@@ -131,9 +131,9 @@ class JobLog(transformers.TrainerCallback):
             time.sleep(self.sleep_s)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        now = time.perf_counter()
-        seconds, interval = now - self.started, now - self.ended
-        self.ended = now
+        now, cpu = time.perf_counter(), time.process_time()
+        seconds, interval, cpu_s = now - self.started, now - self.ended, cpu - self.cpu
+        self.ended, self.cpu = now, cpu
         trainer = self.trainer
         assert trainer is not None
         self.steps.append(
@@ -141,6 +141,7 @@ class JobLog(transformers.TrainerCallback):
                 "step": state.global_step,
                 "seconds": seconds,
                 "interval": interval,
+                "cpu": cpu_s,  # the process's CPU seconds (all its threads) over the interval
                 "tokens": trainer.step_tokens,
                 "positions": trainer.step_positions,
                 "loss": trainer.step_loss,

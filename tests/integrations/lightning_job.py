@@ -22,7 +22,8 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
 - `--no-vigil`: the identical training without the callback (vigil is not imported at all).
 - `--out DIR`: `DIR/step_times.rank<R>.json` is the list of per-optimizer-step wall seconds (each
   from the previous step's end, the first from the fit's start) measured by a plain Callback of
-  this job's own, independent of vigil; `DIR/job.rank<R>.json` holds what the job itself
+  this job's own, independent of vigil (`step_cpu.rank<R>.json`: the process's CPU seconds,
+  all its threads, over each); `DIR/job.rank<R>.json` holds what the job itself
   counted per optimizer step (global step, tokens = attention-mask sum, loss) and the
   checkpoints vigil saved; vigil's files go to `DIR/<job>/rank-NNNNN.jsonl` without a
   collector (with `--collector URL`, also there when `--also-jsonl`; `$VIGIL_OUTPUT_DIR`, when
@@ -157,12 +158,13 @@ class StepLog(pl.Callback):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.times: list[float] = []
+        self.cpu: list[float] = []  # the process's CPU seconds (all threads) over each step
         self.steps: list[dict[str, Any]] = []
-        self.last = 0.0
+        self.last = self.last_cpu = 0.0
         self.seen = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.last = time.perf_counter()
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
         self.seen = trainer.global_step
 
     def on_train_batch_end(
@@ -170,9 +172,10 @@ class StepLog(pl.Callback):
     ) -> None:
         if trainer.global_step == self.seen:
             return  # a micro-batch that did not step
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.times.append(now - self.last)
-        self.last, self.seen = now, trainer.global_step
+        self.cpu.append(cpu - self.last_cpu)
+        self.last, self.last_cpu, self.seen = now, cpu, trainer.global_step
         losses = module.step_losses
         self.steps.append(
             {
@@ -274,6 +277,7 @@ def fit(args: argparse.Namespace, devices: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rank = trainer.global_rank
     (out / f"step_times.rank{rank}.json").write_text(json.dumps(log.times))
+    (out / f"step_cpu.rank{rank}.json").write_text(json.dumps(log.cpu))
     saved = [str(p) for cb in trainer.callbacks for p in getattr(cb, "checkpoints", [])]
     record = {"steps": log.steps, "global_step": trainer.global_step, "checkpoints": saved}
     record["finite"] = all(math.isfinite(s["loss"]) for s in log.steps)
