@@ -27,10 +27,21 @@ A round's ratio is its vigil (or plain_again) block's median over its plain bloc
 figures are the median of the per-round ratios with a bootstrap 90 % interval over rounds.
 Every vigil block's records are checked: one step record per optimizer step.
 
+Beside the wall ratios, the same ratio of the process's CPU seconds per step (all threads:
+vigil's background and agreement threads and gloo's included; on a 2-core machine with one
+rank per core, extra CPU anywhere in the process is step time) with its A/A control. Then
+one more launch per framework, vigil only (`--sampled-steps`), with py-spy sampling rank 0's
+training thread (wall clock, idle included): the share of its training loop's samples inside
+vigil's own code (callback, SDK), apart from the collectives and DDP bucket work that vigil's
+wrappers pass on to torch (done with or without vigil). Machine noise stretches samples in and
+out of vigil alike, so this resolves far below the ratios' noise on a busy machine; it misses
+the other threads and indirect costs (caches), which the CPU ratio sees.
+
 Target: hf_overhead_ratio and lightning_overhead_ratio <= 1.02.
 Last line: one JSON object: hf_overhead_ratio, lightning_overhead_ratio, their `_90` intervals,
-`<fw>_aa_ratio` (the A/A control) and its `_90`, `<fw>_plain_step_ms`, rounds, steps (per
-block), skip and world.
+`<fw>_aa_ratio` (the A/A control) and its `_90`, `<fw>_cpu_ratio` (and `_90`),
+`<fw>_cpu_aa_ratio`, `<fw>_plain_step_ms`, `<fw>_vigil_thread_pct` (with sampling), rounds,
+steps (per block), skip and world.
 """
 
 from __future__ import annotations
