@@ -39,6 +39,12 @@ class StragglerConfig:
     # before scoring: 8 cuts per-step jitter by ~2.6x, so 10 % stragglers stand out with ~6 %
     # jitter, while one slow step (a GC pause) is dropped from every window it falls in.
     smooth_steps: int = 8
+    # The first `warmup_steps` steps of a job are not scored: start-up (allocator and
+    # thread-pool warm-up, compilation, data-loader workers starting, a checkpoint loading) is
+    # unlike the run and uneven across ranks, and a rank's smoothing window is not yet full. On
+    # a real clean DDP job one rank ran 1.3x slower for its steps 2-10 while its host was busy,
+    # and was reported; a straggler present from step 0 is still reported by step ~18.
+    warmup_steps: int = 8
     # Floor of the robust scale as a fraction of the median, so identical values never divide by 0.
     scale_floor: float = 0.005
     # Data-loader time counts only when it is at least this share of the step time.
@@ -57,6 +63,7 @@ class StragglerConfig:
             f"min_hits must be in [1, window={self.window}], got {self.min_hits}",
         )
         _require(self.smooth_steps >= 1, f"smooth_steps must be >= 1, got {self.smooth_steps}")
+        _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
         _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
         _require(self.link_ratio > 1, f"link_ratio must be > 1, got {self.link_ratio}")

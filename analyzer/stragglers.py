@@ -2,13 +2,14 @@
 
 In synchronous training the slow rank arrives last at each collective and waits least, so step time
 cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
-Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps`
-steps, the largest left out) is scored against the other ranks (median/MAD, within its pipeline
-stage when there is one); a rank flagged in `min_hits` of the last `window` steps is reported.
-Causes are told apart: compute stragglers (with GPU throttling noted from NVML clocks),
-data-loader stalls, and compute that only follows a larger share of tokens (sequence-length
-imbalance, reported for the job rather than the rank). Pipeline-stage imbalance lives in
-`imbalance.py`; slow links in `links.py`, which compares process groups with their peer groups.
+Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps` steps,
+the largest left out) is scored against the other ranks (median/MAD, within its pipeline stage when
+there is one); a rank flagged in `min_hits` of the last `window` steps is reported; a job's first
+`warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
+throttling noted from NVML clocks), data-loader stalls, and compute that only follows a larger
+share of tokens (sequence-length imbalance, reported for the job rather than the rank).
+Pipeline-stage imbalance lives in `imbalance.py`; slow links in `links.py`, which compares process
+groups with their peer groups.
 No rank is judged by its own transfer time: it is its groups' (attribution.py, the shortest
 member's), summed over groups of different kinds, so one rank's total is up whenever it belongs to
 a slow group or to more groups than its peers (a pipeline stage's p2p, a straggler's tp group),
@@ -128,13 +129,22 @@ def _tokens_vary(tokens: robust.FloatArray) -> bool:
 
 
 def detect(
-    a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, scores: Scores | None = None
+    a: arrays_mod.StepArrays,
+    cfg: config_mod.StragglerConfig,
+    scores: Scores | None = None,
+    *,
+    warmup_rows: int | None = None,
 ) -> list[schema.Finding]:
-    """Every persistent straggler and data stall in `a`."""
+    """Every persistent straggler and data stall in `a`. Its first `warmup_rows` rows (default
+    `cfg.warmup_steps`: `a` starts at the job's first step) are start-up and flag nothing."""
     scores = scores or score(a, cfg)
+    skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
+        if skip:
+            flags = flags.copy()
+            flags[:skip] = False
         hits = robust.rolling_hits(flags, cfg.window)
         for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)):
             for first, last, at in robust.persistent_episodes(

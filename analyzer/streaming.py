@@ -213,6 +213,8 @@ class _JobStream:
                 ring = np.pad(ring, ((0, 0), (0, n - ring.shape[1])))
                 hits = np.pad(hits, (0, n - hits.size))
             flags = scores.flags(kind)[0, :n]
+            if self.num_analysed <= self.cfg.straggler.warmup_steps:
+                flags = np.zeros_like(flags)  # start-up (StragglerConfig.warmup_steps)
             before = hits >= self.cfg.straggler.min_hits
             hits = hits - ring[slot] + flags
             ring[slot] = flags
@@ -222,8 +224,10 @@ class _JobStream:
 
     def _detect_window(self) -> list[schema.Finding]:
         a = self.window.view(self.analysed)
+        # The window's first row is the job's (num_analysed - len(analysed))-th analysed step.
+        warmup = self.cfg.straggler.warmup_steps - (self.num_analysed - len(self.analysed))
         out = []
-        for finding in stragglers.detect(a, self.cfg.straggler):
+        for finding in stragglers.detect(a, self.cfg.straggler, warmup_rows=warmup):
             if finding.step_end < self.analysed[-1] - self.cfg.straggler.window:
                 continue  # an episode that already ended inside the window
             key = _key(finding)

@@ -58,13 +58,14 @@ class DemoPlan:
 
     @classmethod
     def make(cls, *, quick: bool) -> DemoPlan:
-        # Gaps leave room for detection (a straggler needs ~8 steps of evidence), for a
-        # restart to resume before the next fault's step, and for the straggler's node
-        # diagnosis (which runs beside the resumed job on this host's cores) to end before the
-        # hang fires.
+        # The straggler starts after the analyzer's start-up steps (StragglerConfig.
+        # warmup_steps: 8), as a fault of a real run would. Gaps leave room for detection (a
+        # straggler needs ~8 steps of evidence), for a restart to resume before the next
+        # fault's step, and for the straggler's node diagnosis (which runs beside the resumed
+        # job on this host's cores) to end before the hang fires.
         if quick:
-            return cls(slow_step=4, hang_step=26, crash_step=34, steps=38)
-        return cls(slow_step=6, hang_step=34, crash_step=46, steps=54)
+            return cls(slow_step=9, hang_step=31, crash_step=39, steps=43)
+        return cls(slow_step=10, hang_step=38, crash_step=50, steps=58)
 
     def faults(self) -> str:
         return ";".join(
