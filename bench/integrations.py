@@ -12,7 +12,8 @@ modes:
   - `vigil`: with the integration's `VigilCallback`, doing what a user's vigil run does: the
     SDK session started by the callback (step records with tokens and loss, phases, DDP's
     all-reduce timed through the SDK's comm hook, the checkpoint agreement), its records
-    written to a local output folder (no collector), shut down at the block's end;
+    written to a local output folder (no collector), its progress page in /dev/shm as by
+    default, shut down at the block's end;
   - `plain`: the identical training without the callback (not in the callback list: no hook,
     no comm hook, no patched collectives; vigil's shutdown restores all of them);
   - `plain_again`: plain once more, the A/A control: its ratio to plain is this method's noise.
@@ -105,6 +106,20 @@ def _launch(
     """Run the framework's job on WORLD ranks, all `cases` in turn in one process group;
     `spy`: py-spy samples rank 0 into this file (raw format) while it runs."""
     out.mkdir(parents=True)
+    # Progress pages where vigil puts them by default: in memory (/dev/shm), not on disk.
+    shm = Path("/dev/shm")
+    pages = (
+        Path(tempfile.mkdtemp(prefix="vigil-bench-", dir=shm)) if shm.is_dir() else out / "pages"
+    )
+    try:
+        _run_ranks(fw, cases, out, pages, timeout_s, spy)
+    finally:
+        shutil.rmtree(pages, ignore_errors=True)
+
+
+def _run_ranks(
+    fw: str, cases: list[dict[str, Any]], out: Path, pages: Path, timeout_s: float, spy: Path | None
+) -> None:
     spec = out / "cases.json"
     spec.write_text(json.dumps(cases))
     from vigil.recovery.local import free_port
@@ -121,7 +136,7 @@ def _launch(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
-            "VIGIL_PROGRESS_DIR": str(out / "progress"),
+            "VIGIL_PROGRESS_DIR": str(pages),
         }
         for name in ("VIGIL_COLLECTOR_URL", "VIGIL_OUTPUT_DIR", "VIGIL_JOB"):
             env.pop(name, None)
@@ -289,7 +304,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the jobs' files in this (new) folder")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.steps, args.sampled_steps = 2, 8, 20
+        args.rounds, args.steps, args.sampled_steps = 2, 8, 12
     if args.rounds < 2 or args.steps <= args.skip or args.skip < 0:
         parser.error("need --rounds >= 2 and --steps > --skip >= 0")
     frameworks = [f for f in args.frameworks.split(",") if f]
