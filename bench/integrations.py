@@ -281,12 +281,47 @@ def _ratios(
     return ratio, ratio_90, aa, aa_90
 
 
-def _sampled(fw: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float, int]:
+def _report(
+    fw: str, medians: dict[str, dict[str, list[float]]], rng: np.random.Generator
+) -> dict[str, object]:
+    """Print one framework's ratios; its keys of the last line."""
+    ratio, ratio_90, aa, aa_90 = _ratios(medians["wall"], rng)
+    cpu, cpu_90, cpu_aa, _ = _ratios(medians["cpu"], rng)
+    plain_ms = float(np.median(medians["wall"]["plain"])) * 1e3
+    print(
+        f"{fw}: overhead ratio {ratio:.4f} (90% interval {ratio_90[0]:.4f}-"
+        f"{ratio_90[1]:.4f}), A/A {aa:.4f} ({aa_90[0]:.4f}-{aa_90[1]:.4f}), "
+        f"plain step {plain_ms:.1f} ms; CPU per step {cpu:.4f} ({cpu_90[0]:.4f}-"
+        f"{cpu_90[1]:.4f}), its A/A {cpu_aa:.4f}",
+        flush=True,
+    )
+    figures = {
+        "overhead_ratio": ratio,
+        "overhead_ratio_90": ratio_90,
+        "aa_ratio": aa,
+        "aa_ratio_90": aa_90,
+        "cpu_ratio": cpu,
+        "cpu_ratio_90": cpu_90,
+        "cpu_aa_ratio": cpu_aa,
+    }
+    result: dict[str, object] = {
+        f"{fw}_{key}": [round(v, 4) for v in value] if isinstance(value, list) else round(value, 4)
+        for key, value in figures.items()
+    }
+    result[f"{fw}_plain_step_ms"] = round(plain_ms, 2)
+    return result
+
+
+def _sampled(fw: str, args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     """One more launch, vigil only, `--sampled-steps` steps, rank 0 sampled by py-spy."""
     out = tmp / f"{fw}-sampled"
     case = _case(fw, f"{fw}-sampled", "vigil", args.sampled_steps)
     _launch(fw, [case], out, args.timeout, spy=out.with_suffix(".spy"))
-    return _vigil_share(fw, out.with_suffix(".spy"))
+    own, through, samples = _vigil_share(fw, out.with_suffix(".spy"))
+    where = f"{samples} py-spy samples of rank 0's training loop, {args.sampled_steps} steps"
+    print(f"{fw}: {own:.2f}% of the training thread's wall time in vigil's own code ({where}),")
+    print(f"  {through:.2f}% in collectives and DDP bucket work passed on by vigil", flush=True)
+    return {f"{fw}_vigil_thread_pct": round(own, 2)}
 
 
 def main() -> None:
@@ -316,34 +351,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vigil-bench-integrations-") as tmp:
         for fw in frameworks:
             medians = _bench(fw, args, args.keep or Path(tmp), order_rng)
-            ratio, ratio_90, aa, aa_90 = _ratios(medians["wall"], boot_rng)
-            cpu, cpu_90, cpu_aa, _ = _ratios(medians["cpu"], boot_rng)
-            plain_ms = float(np.median(medians["wall"]["plain"])) * 1e3
-            print(
-                f"{fw}: overhead ratio {ratio:.4f} (90% interval {ratio_90[0]:.4f}-"
-                f"{ratio_90[1]:.4f}), A/A {aa:.4f} ({aa_90[0]:.4f}-{aa_90[1]:.4f}), "
-                f"plain step {plain_ms:.1f} ms; CPU per step {cpu:.4f} ({cpu_90[0]:.4f}-"
-                f"{cpu_90[1]:.4f}), its A/A {cpu_aa:.4f}",
-                flush=True,
-            )
-            result[f"{fw}_overhead_ratio"] = round(ratio, 4)
-            result[f"{fw}_overhead_ratio_90"] = [round(v, 4) for v in ratio_90]
-            result[f"{fw}_aa_ratio"] = round(aa, 4)
-            result[f"{fw}_aa_ratio_90"] = [round(v, 4) for v in aa_90]
-            result[f"{fw}_cpu_ratio"] = round(cpu, 4)
-            result[f"{fw}_cpu_ratio_90"] = [round(v, 4) for v in cpu_90]
-            result[f"{fw}_cpu_aa_ratio"] = round(cpu_aa, 4)
-            result[f"{fw}_plain_step_ms"] = round(plain_ms, 2)
+            result.update(_report(fw, medians, boot_rng))
             if args.sampled_steps:
-                own, through, samples = _sampled(fw, args, args.keep or Path(tmp))
-                print(
-                    f"{fw}: rank 0's training thread in vigil's own code {own:.2f}% of its "
-                    f"training loop's wall time ({samples} py-spy samples, {args.sampled_steps} "
-                    f"steps); in collectives and DDP bucket work through vigil's wrappers "
-                    f"{through:.2f}%",
-                    flush=True,
-                )
-                result[f"{fw}_vigil_thread_pct"] = round(own, 2)
+                result.update(_sampled(fw, args, args.keep or Path(tmp)))
     result["rounds"], result["steps"], result["skip"] = args.rounds, args.steps, args.skip
     result["world"] = WORLD
     print(json.dumps(result))
