@@ -106,6 +106,7 @@ class Background:
                 last_seq=snap.last_seq,
                 last_op=snap.last_op,
                 state=snap.state,
+                checkpoints=snap.checkpoints,
             )
         )
         self._check_hang(snap)

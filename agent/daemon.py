@@ -421,6 +421,7 @@ def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:
         last_seq=snap.last_seq,
         last_op=snap.last_op,
         state=snap.state,
+        checkpoints=snap.checkpoints,
     )
 
 

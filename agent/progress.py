@@ -38,8 +38,10 @@ PAGE_SUFFIX = ".page"
 
 # The PID namespace (`readlink /proc/self/ns/pid`) sits in what was padding: older pages read "".
 _META = struct.Struct("<8sIIIIIII4x128s64s24s")
-# state, last step, progress mono/wall, step start mono, last seq, last group, last op, ring head
-_LIVE = struct.Struct("<BxxxxxxxqdddQ32s24sQ")
+# state, checkpoints, last step, progress mono/wall, step start mono, last seq, last group, last
+# op, ring head. The checkpoint count (checkpoint spans finished) sits in what was padding:
+# older pages read 0.
+_LIVE = struct.Struct("<BxxxIqdddQ32s24sQ")
 _STEP = struct.Struct("<qdddddqd")
 _HEALTH = struct.Struct("<QQQQQ")
 _CONTROL = struct.Struct("<Q16s")
@@ -171,6 +173,9 @@ class PageSnapshot:
     last_op: str
     ring_head: int
     last: StepSummary
+    # Checkpoint spans this rank has finished: a rank still in a save its peers finished is
+    # behind them (the analyzer's hang tracker), not in a long save every rank makes.
+    checkpoints: int = 0
     health: Health
 
 
@@ -218,7 +223,8 @@ class PageWriter:
         self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0}
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
-        self._live: list[object] = [starting, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
+        self._checkpoints = 0
+        self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
         self._write_live()
         os.replace(tmp, self.path)  # readers never see a half-initialised page
 
@@ -237,16 +243,31 @@ class PageWriter:
         self._live_seq = seq + 1
         _SEQ.pack_into(buf, _OFF_LIVE, seq + 1)
 
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoint spans finished so far (see `progress(checkpoint_done=...)`)."""
+        return self._checkpoints
+
     def progress(
-        self, state: schema.RankState, *, now_mono: float, now_wall: float, step: int | None = None
+        self,
+        state: schema.RankState,
+        *,
+        now_mono: float,
+        now_wall: float,
+        step: int | None = None,
+        checkpoint_done: bool = False,
     ) -> None:
-        """Mark progress: a new state (and step) at this instant."""
+        """Mark progress: a new state (and step) at this instant; `checkpoint_done`: a
+        checkpoint span just ended (counted in the page's `checkpoints`)."""
         live = self._live
         live[0] = _state_code(state)
+        if checkpoint_done:
+            self._checkpoints += 1
+            live[1] = self._checkpoints
         if step is not None:
-            live[1] = step
-            live[4] = now_mono
-        live[2], live[3] = now_mono, now_wall
+            live[2] = step
+            live[5] = now_mono
+        live[3], live[4] = now_mono, now_wall
         self._write_live()
 
     def collective(
@@ -267,8 +288,8 @@ class PageWriter:
         """`collective()` with encoded names and positional arguments (the recorder's hot path)."""
         live = self._live
         live[0] = _IN_COLLECTIVE if entering else _COMPUTE
-        live[2], live[3] = now_mono, now_wall
-        live[5], live[6], live[7] = seq, group_b, op_b
+        live[3], live[4] = now_mono, now_wall
+        live[6], live[7], live[8] = seq, group_b, op_b
         self._write_live()
 
     def begin_event(
@@ -295,10 +316,10 @@ class PageWriter:
         _SLOT.pack_into(buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, dtype_b)
         _SEQ.pack_into(buf, offset, version + 1)
         live = self._live
-        live[8] = index + 1
+        live[9] = index + 1
         live[0] = _IN_COLLECTIVE if entering else _COMPUTE
-        live[2], live[3] = now_mono, wall
-        live[5], live[6], live[7] = seq, group_b, op_b
+        live[3], live[4] = now_mono, wall
+        live[6], live[7], live[8] = seq, group_b, op_b
         self._write_live()
 
     def write_event(
@@ -335,7 +356,7 @@ class PageWriter:
         _SEQ.pack_into(self._map, offset, version + 1)
         # The ring head reaches readers with the next live-block write (the collective() call
         # that follows every write_event), saving one seqlocked write per collective.
-        self._live[8] = index + 1
+        self._live[9] = index + 1
 
     def finish_event(self, index: int, end_s: float) -> None:
         """Fill in the completion time of an event written earlier (if its slot still holds it)."""
@@ -458,14 +479,15 @@ class PageReader:
             pid_ns=self.pid_ns,
             capacity=self.capacity,
             state=CODE_STATES.get(live[0], schema.RankState.COMPUTE),
-            last_step=live[1],
-            progress_mono_s=live[2],
-            progress_wall_s=live[3],
-            step_start_mono_s=live[4],
-            last_seq=live[5],
-            last_group=_text(live[6]),
-            last_op=_text(live[7]),
-            ring_head=live[8],
+            last_step=live[2],
+            progress_mono_s=live[3],
+            progress_wall_s=live[4],
+            step_start_mono_s=live[5],
+            last_seq=live[6],
+            last_group=_text(live[7]),
+            last_op=_text(live[8]),
+            ring_head=live[9],
+            checkpoints=live[1],
             last=last,
             health=Health(
                 internal_errors=health[0],

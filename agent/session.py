@@ -299,9 +299,17 @@ class Session:
         if self.internal_errors <= 10:
             log.warning("vigil SDK internal error (training continues): %r", exc)
 
-    def _publish(self, state: schema.RankState, *, step: int | None = None) -> None:
+    def _publish(
+        self, state: schema.RankState, *, step: int | None = None, checkpoint_done: bool = False
+    ) -> None:
         now = self._clock()
-        self.page.progress(state, now_mono=now, now_wall=now + self._wall_offset, step=step)
+        self.page.progress(
+            state,
+            now_mono=now,
+            now_wall=now + self._wall_offset,
+            step=step,
+            checkpoint_done=checkpoint_done,
+        )
 
     # -- the training loop API ------------------------------------------------------------
     def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -403,7 +411,8 @@ class Session:
         finally:
             self._spans[name] += self._clock() - start
             if state is not None:
-                self._publish(schema.RankState.COMPUTE)
+                done = state is schema.RankState.CHECKPOINTING
+                self._publish(schema.RankState.COMPUTE, checkpoint_done=done)
 
     # -- control --------------------------------------------------------------------------
     def on_control(self, kind: str, callback: Callable[[], Any]) -> None:
@@ -487,6 +496,7 @@ class Session:
                 time_s=time.time(),
                 last_step=self.current_step,
                 state=state,
+                checkpoints=self.page.checkpoints,
             )
         )
         self.flusher.stop(timeout_s=max(0.0, deadline - time.monotonic()))

@@ -65,6 +65,7 @@ class HangTracker:
         self._waits: dict[int, Wait] = {}
         self._finished: set[int] = set()
         self._checkpointing: set[int] = set()
+        self._checkpoints: dict[int, int] = {}  # rank -> checkpoint spans it has finished
         self._ranks: set[int] = set()
         self._open: schema.Finding | None = None
         # Set when a supervisor restarts the job: until a step ends again the silence is the
@@ -133,6 +134,7 @@ class HangTracker:
             state.clear()
         self._finished.clear()
         self._checkpointing.clear()
+        self._checkpoints.clear()
         self._last_beat.clear()
         self._step_ends = np.full(0, -np.inf)
         self._failed.clear()
@@ -181,16 +183,29 @@ class HangTracker:
         self._last_beat[hb.rank] = max(newest, hb.time_s)
         if hb.state is schema.RankState.FAILED:
             self._failed.setdefault(hb.rank, hb.time_s)
+        self._checkpoints[hb.rank] = max(self._checkpoints.get(hb.rank, 0), hb.checkpoints)
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
 
     def threshold_s(self) -> float:
-        """The learned threshold; the warm-up one while any rank says it is checkpointing."""
+        """The learned threshold; the warm-up one while a rank is in a save no peer has
+        finished yet (a long save every rank makes, or one only this rank makes: rank 0
+        writing the whole state while its peers wait at a barrier)."""
         learned = learned_threshold_s(list(self._step_times), self.cfg)
-        if self._checkpointing or self._restarted_s is not None:
+        if self._saving() or self._restarted_s is not None:
             return max(learned, self.cfg.warmup_s)
         return learned
+
+    def _saving(self) -> bool:
+        """Whether some rank is checkpointing and not behind: no peer has finished more
+        checkpoint spans than it (a rank still in a save its peers have finished is held up
+        there, and its silence counts like any other)."""
+        if not self._checkpointing:
+            return False
+        done = self._checkpoints
+        most = max(done.values(), default=0)
+        return any(done.get(rank, 0) >= most for rank in self._checkpointing)
 
     def check(self, now_s: float, *, final: bool = False) -> schema.Finding | None:
         """A new or resolved hang finding, a crash finding, or None when nothing changed

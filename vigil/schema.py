@@ -239,6 +239,9 @@ class Heartbeat(_Record, tag="heartbeat", kw_only=True):
     last_seq: NonNegInt = 0
     last_op: Text = ""
     state: RankState = RankState.COMPUTE
+    # Checkpoint spans the rank has finished (0: none, or a sender without the field): a rank
+    # still checkpointing while a peer has finished more saves is behind that peer.
+    checkpoints: NonNegInt = 0
 
 
 class Sample(_Record, tag="sample", kw_only=True):

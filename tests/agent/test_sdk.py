@@ -77,6 +77,29 @@ def test_each_step_record_has_its_own_spans(dirs: tuple[Path, Path]) -> None:
     assert data[0] == 0.0 and data[1] >= 0.02 and data[2] == 0.0
 
 
+def test_the_page_and_heartbeats_count_finished_checkpoint_spans(
+    dirs: tuple[Path, Path],
+) -> None:
+    """A rank still in a save its peers finished is behind them (the analyzer's hang rule):
+    the page says `checkpointing` during the span and counts each span that ended."""
+    session = _init(dirs)
+    reader = progress.PageReader(session.page.path)
+    for done in range(2):
+        with vigil.agent.step(done, tokens=1):
+            pass
+        with vigil.agent.span("checkpoint"):
+            inside = reader.snapshot()
+            assert (inside.state, inside.checkpoints) == (schema.RankState.CHECKPOINTING, done)
+        after = reader.snapshot()
+        assert (after.state, after.checkpoints) == (schema.RankState.COMPUTE, done + 1)
+    with vigil.agent.span("data"):
+        pass
+    assert reader.snapshot().checkpoints == 2  # other spans are not counted
+    vigil.agent.shutdown()
+    beats = [r for r in _records(dirs[0]) if isinstance(r, schema.Heartbeat)]
+    assert beats and beats[-1].checkpoints == 2
+
+
 def test_everything_is_a_cheap_no_op_before_init() -> None:
     assert vigil.agent.current() is None
     model = torch.nn.Linear(2, 2)

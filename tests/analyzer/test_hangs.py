@@ -159,6 +159,48 @@ def test_checkpointing_ranks_get_the_long_threshold_and_late_aggregates_keep_wai
     assert hang is not None and hang.subjects.ranks == [1]
 
 
+def _saving_job(culprit_done: int, peers_done: int, peers: schema.RankState) -> hangs.HangTracker:
+    """1 s steps, then rank 1 checkpointing (having finished `culprit_done` saves) while ranks
+    0, 2, 3 (having finished `peers_done`) are in state `peers` at the barrier after the save."""
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    for t in np.arange(109.5, 130.0, 1.0):
+        for rank in range(4):
+            behind = rank == 1
+            beat = schema.Heartbeat(
+                job_id="j", rank=rank, time_s=float(t), last_step=9, last_group="world",
+                last_seq=20 if behind else 21, last_op="barrier",
+                state=schema.RankState.CHECKPOINTING if behind else peers,
+                checkpoints=culprit_done if behind else peers_done,
+            )  # fmt: skip
+            tracker.observe_heartbeat(beat)
+    return tracker
+
+
+def test_a_rank_stuck_in_a_save_its_peers_finished_is_hung() -> None:
+    """Every rank saved; ranks 0, 2, 3 finished (their heartbeats count it) and wait at the
+    barrier after it, rank 1 is still in its save: its silence counts like any other."""
+    tracker = _saving_job(0, 1, schema.RankState.IN_COLLECTIVE)
+    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
+    assert tracker.check(109.0 + CFG.min_s - 0.5) is None
+    hang = tracker.check(109.0 + CFG.min_s + 0.5)
+    assert hang is not None and hang.subjects.ranks == [1], hang
+    # A heartbeat resent late with an older count does not undo the peers' finished save.
+    late = schema.Heartbeat(job_id="j", rank=0, time_s=105.0, checkpoints=0)
+    tracker.observe_heartbeat(late)
+    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
+
+
+@pytest.mark.parametrize("peers", [schema.RankState.IN_COLLECTIVE, schema.RankState.CHECKPOINTING])
+def test_a_save_no_peer_has_finished_gets_the_long_threshold(peers: schema.RankState) -> None:
+    """Rank 1 alone saves while its peers wait at the barrier (rank 0 writing the whole
+    state is the common case), or every rank is still saving: a long save, not a hang."""
+    tracker = _saving_job(3, 3, peers)
+    assert tracker.threshold_s() == CFG.warmup_s
+    assert tracker.check(109.0 + 10 * CFG.min_s) is None
+
+
 def test_ranks_blocked_in_waits_the_sdk_cannot_see_are_victims_not_culprits() -> None:
     """dp x tp after a migration (tp groups {0,1} and {2,3}, dp groups {0,2} and {1,3}): rank 1
     hangs before step k. Rank 0 launched step k's tensor-parallel collective and blocks in its

@@ -85,9 +85,9 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
 
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
-    """Bounded 6 s hangs (before a collective, inside one no peer joins, in data loading) on
-    DDP, one inside a collective on the 1F1B pipeline, then a crash (os._exit) in a launch of
-    its own on the plain loop."""
+    """Bounded 6 s hangs (before a collective, inside one no peer joins, in data loading, in
+    a checkpoint save its peers finish) on DDP, one inside a collective on the 1F1B pipeline,
+    then a crash (os._exit) in a launch of its own on the plain loop."""
     cases = [
         {
             "job": f"hang-{where}",
@@ -95,7 +95,7 @@ def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
             "seed": 5,
             "fault": {"kind": "hang", "rank": 2, "step": 12, "seconds": 6.0, "where": where},
         }
-        for where in ("before", "collective", "data")
+        for where in ("before", "collective", "data", "checkpoint")
     ]
     result = launcher.launch("ddp", cases, tmp_path, timeout_s=300)
     assert result.exit_codes == [0, 0, 0, 0], f"see {result.logs}"
