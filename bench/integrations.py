@@ -1,6 +1,6 @@
 """Step-time cost of vigil's trainer integrations: Hugging Face Trainer and Lightning.
 
-    python bench/integrations.py            # 24 rounds per framework, 7-10 minutes on 2 cores
+    python bench/integrations.py            # 24 rounds per framework, ~8 minutes on 2 cores
     python bench/integrations.py --quick    # 2 rounds of 8-step blocks, a smoke run (~1 minute)
 
 Each framework's user-style job (`tests/integrations/hf_job.py`, `lightning_job.py`: a tiny
