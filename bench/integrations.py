@@ -1,7 +1,7 @@
 """Step-time cost of vigil's trainer integrations: Hugging Face Trainer and Lightning.
 
     python bench/integrations.py            # 24 rounds per framework, ~8 minutes on 2 cores
-    python bench/integrations.py --quick    # 2 rounds of 8-step blocks, a smoke run (~1 minute)
+    python bench/integrations.py --quick    # 2 rounds of 8-step blocks, a smoke run (~1.5 minutes)
 
 Each framework's user-style job (`tests/integrations/hf_job.py`, `lightning_job.py`: a tiny
 GPT-2-shaped model from a config, synthetic tokens) runs ONCE on 2 gloo CPU ranks (one per
