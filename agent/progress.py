@@ -28,7 +28,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from vigil import schema
 
@@ -223,7 +223,6 @@ class PageWriter:
         self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0}
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
-        self._checkpoints = 0
         self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
         self._write_live()
         os.replace(tmp, self.path)  # readers never see a half-initialised page
@@ -246,7 +245,7 @@ class PageWriter:
     @property
     def checkpoints(self) -> int:
         """Checkpoint spans finished so far (see `progress(checkpoint_done=...)`)."""
-        return self._checkpoints
+        return cast(int, self._live[1])
 
     def progress(
         self,
@@ -262,8 +261,7 @@ class PageWriter:
         live = self._live
         live[0] = _state_code(state)
         if checkpoint_done:
-            self._checkpoints += 1
-            live[1] = self._checkpoints
+            live[1] = cast(int, live[1]) + 1
         if step is not None:
             live[2] = step
             live[5] = now_mono
