@@ -3,14 +3,23 @@
 A request reaches each rank through its own progress page, and ranks see it at their own next
 step boundary, which may differ by a step. Trainer's save is collective under FSDP (the state
 dict is gathered) and writes one folder per step from every rank (each rank's RNG state), so
-all ranks must save after the same step. `SaveAgreement` agrees without stalling a step: at
-each step end the training thread hands the number of requests this rank has seen to a thread
-of the agreement's own, which MAX-all-reduces it over a gloo group of its own (also on NCCL
-jobs), and takes the previous step's answer, long there by then because the job's own
-collectives of the step ran after it. A rise of the agreed count means "save at this step end":
-one step after the first rank saw the request, once per request even when ranks saw it a step
-apart. Alone (one process, no process group) the request is honoured at the step end it is
-seen.
+all ranks must save after the same step. `SaveAgreement` agrees without stalling a step, in
+rounds: at a round's step end the training thread hands the number of requests this rank has
+seen to a thread of the agreement's own, which MAX-all-reduces it over a gloo group of its own
+(also on NCCL jobs), and the next step end takes the answer, long there by then because the
+job's own collectives of the step ran after it. A rise of the agreed count means "save at this
+step end", on every rank at once, once per request even when ranks saw it steps apart.
+
+Rounds are `gap` step ends apart: as many steps as fit in `ROUND_S` seconds, 1 to
+`MAX_GAP_STEPS`. Each round also agrees the next gap (every rank proposes one from its own step
+time since the last round, the smallest wins), so all ranks run the same rounds at the same step
+ends without a word more. A round costs every rank three thread wake-ups and a small gloo
+exchange (on 2 CPU ranks of ~100 ms steps, a round every step was ~1 % of the process's CPU);
+bounding rounds to about one per `ROUND_S` keeps that far below the job's noise. The bound on a
+save: at most `MAX_GAP_STEPS` step ends after the first rank saw the request, and the next step
+end when steps take `ROUND_S` or longer. A request a rank sees in
+the job's last `gap` steps may find no round left: training ended before any rank could save.
+Alone (one process, no process group) a request is honoured at the step end it is seen.
 
 The all-reduce goes to the process group object directly, not through `torch.distributed`'s
 functions, so vigil's collective timing does not count it as the job's communication; it runs
@@ -21,8 +30,11 @@ Must not touch the job's own process groups.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,32 +42,54 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-# How long a step end waits for the previous step's answer before giving the agreement up. The
+# How long a step end waits for the previous round's answer before giving the agreement up. The
 # answer is normally there already; gloo's own timeout (30 min by default) ends a dead peer's.
 ANSWER_TIMEOUT_S = 600.0
-_STOP = -1
+# Rounds: about one per this many seconds of training, and at least one per MAX_GAP_STEPS steps.
+ROUND_S = 1.0
+MAX_GAP_STEPS = 4
+_STOP = (-1, 0)
+
+
+def propose_gap(step_s: float | None) -> int:
+    """This rank's proposal of the step ends between rounds, from its mean step time (None:
+    not measured yet, the first round)."""
+    if step_s is None or not step_s > 0 or not math.isfinite(step_s):
+        return 1
+    return max(1, min(MAX_GAP_STEPS, int(ROUND_S / step_s)))
 
 
 class SaveAgreement:
     """Counts this rank's "checkpoint" requests and says at which step end to save."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._seen = 0  # requests this rank's SDK delivered
         self._agreed = 0  # the job-wide count already acted on
         self._group: Any = None
-        self._asks: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
-        self._owed = False  # an answer for the previous step end is due
+        self._asks: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[int, int] | BaseException] = queue.SimpleQueue()
+        self._ends = 0  # step ends so far (save_now calls): the same count on every rank
+        self._next_round = 1  # the step end of the next round
+        self._round = 0  # the step end of the last round asked
+        self._round_t: float | None = None  # when it was asked
+        self._owed = False  # the last round's answer is due at the next step end
         self._broken = False  # the agreement failed: no rank may save on its own
         self._thread: threading.Thread | None = None
+        self.rounds = 0  # all-reduces asked (what the agreement cost)
+        self.gap = 1  # the agreed step ends between rounds
 
-    def start(self) -> None:
-        """Create the gloo group (a collective: call on every rank at the same point)."""
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self._group = dist.new_group(backend="gloo")
+    def start(self, group: Any = None) -> None:
+        """Create the gloo group (a collective: call on every rank at the same point); `group`:
+        one to agree over instead (any object with c10d's `allreduce(tensors, op)`)."""
+        distributed = dist.is_available() and dist.is_initialized()
+        if group is None and distributed and dist.get_world_size() > 1:
+            group = dist.new_group(backend="gloo")
+        if group is not None:
+            self._group = group
             self._thread = threading.Thread(
-                target=self._reduce, args=(self._group,), name="vigil-hf-agree", daemon=True
+                target=self._reduce, args=(group,), name="vigil-save-agree", daemon=True
             )
             self._thread.start()
 
@@ -74,17 +108,26 @@ class SaveAgreement:
             due = seen > self._agreed
             self._agreed = max(self._agreed, seen)
             return due
+        self._ends += 1
         due = False
-        if self._owed:
+        if self._owed:  # the round asked at the last step end
             self._owed = False
-            agreed = self._answer()
+            agreed, gap = self._answer()
             due = agreed > self._agreed
             self._agreed = max(self._agreed, agreed)
-        self._asks.put(seen)
-        self._owed = True
+            self.gap = gap
+            self._next_round = self._round + gap
+        if self._ends == self._next_round:
+            now = self._clock()
+            since = self._round_t
+            step_s = None if since is None else (now - since) / max(1, self._ends - self._round)
+            self._round, self._round_t = self._ends, now
+            self._asks.put((seen, propose_gap(step_s)))
+            self._owed = True
+            self.rounds += 1
         return due
 
-    def _answer(self) -> int:
+    def _answer(self) -> tuple[int, int]:
         try:
             answer = self._answers.get(timeout=ANSWER_TIMEOUT_S)
         except queue.Empty:
@@ -95,15 +138,17 @@ class SaveAgreement:
         return answer
 
     def _reduce(self, group: Any) -> None:
-        buffer = torch.zeros(1, dtype=torch.int64)
-        while (seen := self._asks.get()) != _STOP:
-            buffer[0] = seen
+        # [requests seen, -proposed gap]: one MAX gives the most requests and the smallest gap.
+        buffer = torch.zeros(2, dtype=torch.int64)
+        while (ask := self._asks.get()) != _STOP:
+            buffer[0], buffer[1] = ask[0], -ask[1]
             try:
                 group.allreduce([buffer], dist.ReduceOp.MAX).wait()
             except Exception as exc:
                 self._answers.put(exc)
                 return
-            self._answers.put(int(buffer[0]))
+            agreed, gap = int(buffer[0]), -int(buffer[1])
+            self._answers.put((agreed, max(1, min(MAX_GAP_STEPS, gap))))
 
     def close(self) -> None:
         """Take the last answer (every rank asked; none may leave the all-reduce open)."""
