@@ -266,6 +266,20 @@ class CollectiveRecorder:
         if threading.get_ident() == self.training_thread:
             self.blocked_s += seconds
 
+    def now(self) -> float:
+        """The recorder's clock (monotonic seconds unless a test gave another)."""
+        return self._clock()
+
+    def launched(self, pending: _Pending) -> None:
+        """An asynchronous op's launch call returned: the time inside it is communication on
+        the training thread (gloo's p2p sends write their socket there and posting a receive
+        notifies the peer; on a loaded host the thread also loses its CPU there), so it is
+        blocked time, never compute."""
+        try:
+            self.wait_blocked(self._clock() - pending.start)
+        except Exception as exc:  # fail-open
+            self._on_error(exc)
+
     # -- step boundary --------------------------------------------------------------------
     def swap(self) -> tuple[StepAggregates, float, float]:
         """This step's aggregates (for `aggregate_records`), exposed blocked time and total

@@ -2,9 +2,13 @@
 
 `install()` wraps the public functions of `torch.distributed` (the names FSDP2, tensor
 parallelism and user code call through `dist.<name>`; `isend`/`irecv` in the c10d module too,
-where `P2POp` checks them), `Work.wait` (how long the training thread is blocked on
-asynchronous work, and that it waits in that collective) and the functional collectives
-(`functional.py`). Inner calls of a wrapped call are not recorded again. Every wrapper is
+where `P2POp` checks them), `batch_isend_irecv` (its ops are recorded one by one through those),
+`Work.wait` (how long the training thread is blocked on asynchronous work, and that it waits in
+that collective) and the functional collectives (`functional.py`). Inner calls of a wrapped
+call are not recorded again. The training thread's time inside a wrapped call counts as its
+communication time (`CollectiveRecorder.blocked_s`, the step record's `comm_wait_s`): the
+whole of a synchronous op, the launch of an asynchronous one (gloo's p2p sends write their
+socket in it), a whole batch of p2p ops, and every wait. Every wrapper is
 fail-open: an internal error is counted and the original call proceeds untouched.
 """
 
@@ -122,6 +126,8 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _state.depth = False
         if is_async and result is not None:
+            if not getattr(_state, "batch", False):  # a batch counts its whole call
+                recorder.launched(pending)
             _on_completion(recorder, pending, result)
         else:
             recorder.finish(pending, sync=True)
@@ -129,6 +135,31 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
+
+
+def _wrap_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`batch_isend_irecv`: its ops are recorded one by one (it calls the wrapped
+    `isend`/`irecv`), and the whole call, checks and coalescing included, is the training
+    thread's communication time (a pipeline stage issues one per microbatch)."""
+
+    @functools.wraps(fn)
+    def batch(*args: Any, **kwargs: Any) -> Any:
+        recorder = _active
+        if recorder is None or getattr(_state, "depth", False) or getattr(_state, "batch", False):
+            return fn(*args, **kwargs)
+        start = recorder.now()
+        _state.batch = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.batch = False
+            try:
+                recorder.wait_blocked(recorder.now() - start)
+            except Exception as exc:  # fail-open
+                recorder._on_error(exc)
+
+    batch.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
+    return batch
 
 
 def _global_rank(group: Any, group_rank: int) -> int:
@@ -207,6 +238,10 @@ def install(recorder: CollectiveRecorder) -> None:
             # `dist.P2POp(dist.isend, ...)` (batch_isend_irecv, pipelining) checks its op
             # against the c10d module's own name: it must be the wrapper there too.
             setattr(_c10d, op, wrapped)
+    batch = getattr(dist, "batch_isend_irecv", None)
+    if batch is not None and not hasattr(batch, "__vigil_wrapped__"):
+        _originals["batch_isend_irecv"] = batch
+        dist.batch_isend_irecv = _wrap_batch(batch)
     work_type = getattr(dist, "Work", None)
     if work_type is not None:
         _originals["Work.wait"] = work_type.wait
