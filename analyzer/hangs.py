@@ -26,14 +26,15 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from vigil import schema
+from vigil.analyzer import aggcols, findings, groups, positions, waitgraph
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, groups, waitgraph
 
 # The wait-for graph lives in `waitgraph`; these names are part of this module's interface.
 Wait = waitgraph.Wait
@@ -54,19 +55,24 @@ def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.Ha
 class HangTracker:
     """One job's progress and rank positions; see the module docstring."""
 
-    def __init__(self, job_id: str, cfg: config_mod.HangConfig) -> None:
+    def __init__(
+        self, job_id: str, cfg: config_mod.HangConfig, *, names: aggcols.Names | None = None
+    ) -> None:
         self.job_id = job_id
         self.cfg = cfg
         self._step_times: deque[float] = deque(maxlen=cfg.history_steps)
         self._last_progress_s = 0.0
         self._last_step = -1
-        self._seqs: dict[str, dict[int, int]] = {}
-        self._ops: dict[tuple[str, int], str] = {}
-        self._waits: dict[int, Wait] = {}
+        # Group ids shared with the caller's aggregate and heartbeat arrays (aggcols).
+        self.names = names if names is not None else aggcols.Names({})
+        self._positions = positions.Positions(self.names)
+        # rank -> (group id, seq, op) of the collective it says it waits in, oldest first.
+        self._waits: dict[int, tuple[int, int, str]] = {}
         self._finished: set[int] = set()
         self._checkpointing: set[int] = set()
         self._checkpoints: dict[int, int] = {}  # rank -> checkpoint spans it has finished
         self._ranks: set[int] = set()
+        self._known = np.zeros(0, dtype=bool)  # by rank: in `_ranks` (a fast check for batches)
         self._open: schema.Finding | None = None
         # Set when a supervisor restarts the job: until a step ends again the silence is the
         # restart's, not a hang, and rank positions start over.
@@ -130,8 +136,8 @@ class HangTracker:
         self._restarted_s = now_s
         self._epoch_s = max(self._epoch_s, now_s)
         self._last_progress_s = max(self._last_progress_s, now_s)
-        for state in (self._seqs, self._ops, self._waits):
-            state.clear()
+        self._positions.clear()
+        self._waits.clear()
         self._finished.clear()
         self._checkpointing.clear()
         self._checkpoints.clear()
@@ -152,11 +158,28 @@ class HangTracker:
         self._ranks.add(rank)
         if not group:
             return
-        members = self._seqs.setdefault(group, {})
-        if now or seq >= members.get(rank, -1):
-            members[rank] = seq
-            if op:
-                self._ops[(group, seq)] = op
+        if now:
+            self._positions.set_one(group, rank, seq)
+        else:
+            self._positions.raise_one(group, rank, seq)
+
+    def _know(self, ranks: npt.NDArray[np.int64]) -> None:
+        """Add `ranks` to the known ranks (a set: skipped when all are in it already)."""
+        if ranks.size and not (
+            int(ranks.max()) < self._known.size and bool(self._known[ranks].all())
+        ):
+            self._ranks.update(ranks.tolist())
+            top = max(self._ranks)
+            if top < _KNOWN_MAX:
+                self._known = np.zeros(top + 1, dtype=bool)
+                self._known[list(self._ranks)] = True
+
+    def observe_seqs(self, aggs: aggcols.AggBatch) -> None:
+        """`observe_seq` for each aggregate of a batch (vectorised)."""
+        if not len(aggs):
+            return
+        self._know(aggs.rank)
+        self._positions.raise_to(aggs.group, aggs.rank, aggs.last_seq)
 
     def observe_position(
         self, rank: int, group: str, seq: int, op: str, state: schema.RankState
@@ -164,7 +187,7 @@ class HangTracker:
         """Where a rank is now and what it is doing (from a heartbeat)."""
         self.observe_seq(rank, group, seq, op, now=True)
         if state is schema.RankState.IN_COLLECTIVE and group:
-            self._waits[rank] = Wait(rank=rank, group=group, seq=seq, op=op)
+            self._waits[rank] = (self.names.group_id(group), seq, op)
         else:
             self._waits.pop(rank, None)
         for states, wanted in (
@@ -187,6 +210,72 @@ class HangTracker:
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
+
+    def observe_heartbeats(
+        self, beats: Sequence[schema.Heartbeat], arrays: aggcols.BeatBatch | None = None
+    ) -> None:
+        """`observe_heartbeat` for each of `beats`, in order (`arrays`: them as arrays, if
+        built); vectorised when no rank sent two, one by one otherwise."""
+        b = arrays if arrays is not None else aggcols.beat_batch(beats, self.names)
+        if not len(b):
+            return
+        if np.unique(b.rank).size != len(b):
+            for hb in beats:
+                self.observe_heartbeat(hb)
+            return
+        kept = b.time_s >= self._epoch_s  # older ones: ranks of an attempt since restarted
+        if not kept.all():
+            b = b.take(kept)
+        ranks = b.rank.tolist()
+        beat = self._last_beat
+        newest = np.fromiter(map(beat.get, ranks, repeat(0.0)), np.float64, len(ranks))
+        beat.update(zip(ranks, np.maximum(newest, b.time_s).tolist(), strict=True))
+        code = b.state_code
+        for i in np.flatnonzero(code == aggcols.STATE_CODES[schema.RankState.FAILED]).tolist():
+            self._failed.setdefault(ranks[i], float(b.time_s[i]))
+        done = self._checkpoints
+        for i in np.flatnonzero(b.checkpoints > 0).tolist():
+            done[ranks[i]] = max(done.get(ranks[i], 0), int(b.checkpoints[i]))
+        # One that arrived after a newer one (a retried shipment) says where the rank was.
+        now = b.time_s >= newest
+        if not now.all():
+            b = b.take(now)
+            ranks = b.rank.tolist()
+        self._positions_now(b, ranks)
+
+    def _positions_now(self, b: aggcols.BeatBatch, ranks: list[int]) -> None:
+        """`observe_position` of each of `b` (distinct ranks `ranks`)."""
+        self._know(b.rank)
+        grouped = b.group >= 0
+        self._positions.set_to(b.group[grouped], b.rank[grouped], b.seq[grouped])
+        codes = aggcols.STATE_CODES
+        waiting = np.flatnonzero((b.state_code == codes[schema.RankState.IN_COLLECTIVE]) & grouped)
+        if self._waits and waiting.size < len(ranks):
+            gone = self._waits.keys() & set(ranks)
+            gone.difference_update(b.rank[waiting].tolist())
+            for rank in gone:
+                del self._waits[rank]
+        if waiting.size:
+            where = zip(
+                b.group[waiting].tolist(), b.seq[waiting].tolist(), b.ops(waiting), strict=True
+            )
+            self._waits.update(zip(b.rank[waiting].tolist(), where, strict=True))
+        for states, state in (
+            (self._finished, schema.RankState.FINISHED),
+            (self._checkpointing, schema.RankState.CHECKPOINTING),
+        ):
+            those = b.state_code == codes[state]
+            if states:
+                states.difference_update(ranks)
+            if those.any():
+                states.update(b.rank[those].tolist())
+
+    def _wait_list(self) -> list[Wait]:
+        names = self.names.group_names
+        return [
+            Wait(rank=rank, group=names[g], seq=seq, op=op)
+            for rank, (g, seq, op) in self._waits.items()
+        ]
 
     def threshold_s(self) -> float:
         """The learned threshold; the warm-up one while a rank is in a save no peer has
@@ -229,7 +318,7 @@ class HangTracker:
             return None
         if silent <= threshold or (self._ranks and self._finished >= self._ranks):
             return None
-        culprits = find_culprits(list(self._waits.values()), self._seqs, self._ranks)
+        culprits = find_culprits(self._wait_list(), self._positions.seqs(), self._ranks)
         if culprits is None and silent <= threshold * self.cfg.unknown_culprit_factor:
             return None  # nobody to name yet: positions may still show who, or steps resume
         late = self._unreported(culprits, threshold)
@@ -271,6 +360,8 @@ class HangTracker:
                 # gone, after its last word.
                 culprits = sorted(r for r, t in self._failed.items() if t == first)
                 how = "failed first"
+        elif now_s - min(beats.values()) < _CRASH_SILENCE_S:
+            return None  # every rank beat recently: none is silent
         else:
             silent = [
                 r
@@ -345,7 +436,8 @@ class HangTracker:
             confidence = 0.5
         else:
             subjects = schema.Subjects(ranks=list(culprits.ranks))
-            entered = [self._seqs.get(culprits.group, {}).get(r, -1) for r in culprits.ranks]
+            seqs = self._positions.seqs()
+            entered = [seqs.get(culprits.group, {}).get(r, -1) for r in culprits.ranks]
             ev.append(
                 findings.evidence(
                     "culprit_last_seq", min(entered), culprits.seq, note=f"group {culprits.group}"
@@ -355,7 +447,7 @@ class HangTracker:
             shown = ", ".join(map(str, culprits.ranks[:8])) + (
                 "..." if len(culprits.ranks) > 8 else ""
             )
-            members = sorted(self._seqs.get(culprits.group, {}))
+            members = sorted(seqs.get(culprits.group, {}))
             summary = (
                 f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
                 f"#{culprits.seq} of group {culprits.group!r}, "
@@ -389,6 +481,8 @@ class HangTracker:
 # flush interval, a POST, a retry); a rank that stopped by then (0.5 s slack for its last
 # flush) stopped first.
 _CRASH_SILENCE_S = 5.0
+# Rank ids up to this get the known-rank mask (16 MiB at most); larger ones are looked up.
+_KNOWN_MAX = 1 << 24
 _ALIVE_S = 2.5
 _PEERS_SETTLE_S = 3.0
 _BEAT_SLACK_S = 0.5

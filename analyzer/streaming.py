@@ -24,9 +24,9 @@ import msgspec
 import numpy as np
 
 from vigil import columns, schema
+from vigil.analyzer import aggcols, hangs, imbalance, links, mfu, robust, stragglers
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import hangs, imbalance, links, mfu, robust, stragglers
 from vigil.analyzer import window as window_mod
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class _JobStream:
     def __init__(self, job_id: str, cfg: config_mod.AnalyzerConfig, num_ranks: int = 0) -> None:
         self.cfg = cfg
         self.window = window_mod.StepWindow(job_id, cfg.stream_window_steps, num_ranks)
-        self.hang = hangs.HangTracker(job_id, cfg.hang)
+        self.hang = hangs.HangTracker(job_id, cfg.hang, names=self.window.names)
         self.hang.expect_ranks(range(num_ranks))
         self.analysed: list[int] = []  # chronological steps analysed and still in the window
         self.num_analysed = 0
@@ -62,22 +62,26 @@ class _JobStream:
     ) -> list[schema.Finding]:
         """One batch of this job's records; `steps`: all its step records as columns, if
         built (step records in `batch` are then skipped)."""
-        step_type, agg_type, beat_type = (
-            schema.StepRecord,
-            schema.CollectiveAggregate,
-            schema.Heartbeat,
-        )
-        rest = [r for r in batch if type(r) is not step_type and type(r) in _READ]
+        step_records, agg_records, beats, others = aggcols.split(batch)
         if steps is None:
-            steps = columns.from_records([r for r in batch if type(r) is step_type])
-        aggs: list[schema.CollectiveAggregate] = [r for r in rest if type(r) is agg_type]
+            steps = columns.from_records(step_records)
         newest_beat = 0.0
-        for r in rest:
-            if type(r) is beat_type:
-                self.hang.observe_heartbeat(r)
-                newest_beat = max(newest_beat, r.time_s)
-            elif type(r) is not agg_type:
+        if beats and any(type(r) is schema.Action for r in others):
+            # A restart between heartbeats: their order decides which attempt each is from.
+            for r in batch:
+                if type(r) is schema.Heartbeat:
+                    self.hang.observe_heartbeat(r)
+                    newest_beat = max(newest_beat, r.time_s)
+                elif type(r) in aggcols.OTHERS:
+                    self._feed_other(r)
+        else:
+            for r in others:
                 self._feed_other(r)
+            if beats:
+                beat_arrays = aggcols.beat_batch(beats, self.window.names)
+                self.hang.observe_heartbeats(beats, beat_arrays)
+                newest_beat = float(beat_arrays.time_s.max())
+        aggs = self.window.agg_batch(agg_records)
         out: list[schema.Finding] = []
         numbers = steps.column("step")
         if len(steps):  # analyse what the ring would overwrite before it moves on
@@ -86,8 +90,8 @@ class _JobStream:
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
         self.window.add_aggregates(aggs, oldest)
-        for agg in aggs:  # sequence numbers only: an aggregate describes a finished step
-            self.hang.observe_seq(agg.rank, agg.group, agg.last_seq, agg.op)
+        # Sequence numbers only: an aggregate describes a finished step.
+        self.hang.observe_seqs(aggs)
         if len(steps):
             self.newest_step = max(self.newest_step, batch_newest)
             if self.next_step < 0:

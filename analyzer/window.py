@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from vigil import columns, schema
+from vigil.analyzer import aggcols, attribution
 from vigil.analyzer import arrays as arrays_mod
-from vigil.analyzer import attribution
 from vigil.columns import StepColumns
 
 # The step-record fields add_steps reads, in this order (rank, step, start, end, ...).
@@ -73,6 +73,7 @@ class StepWindow:
         self._aggs: dict[int, list[attribution.AggColumns]] = {}
         self._dirty: set[int] = set()
         self._keys: dict[tuple[str, str], int] = {}
+        self.names = aggcols.Names(self._keys)  # group and (group, op class) ids
         # Ranks the job declared (its world size): waited for before a step is analysed, but
         # given columns only when they report, so memory follows the ranks that report.
         self.declared = num_ranks
@@ -191,17 +192,32 @@ class StepWindow:
         return int(np.partition(newest, position - silent)[position - silent])
 
     def add_aggregates(
-        self, records: Sequence[schema.CollectiveAggregate], oldest_allowed: int
+        self,
+        records: Sequence[schema.CollectiveAggregate] | aggcols.AggBatch,
+        oldest_allowed: int,
     ) -> None:
-        records = [r for r in records if r.step >= oldest_allowed]
-        if not records:
+        """Keep a batch's aggregates (as records, or as arrays `aggcols.agg_batch` built with
+        this window's `names`) with the rows of their steps."""
+        batch = records if isinstance(records, aggcols.AggBatch) else self.agg_batch(records)
+        if len(batch) and int(batch.step.min()) < oldest_allowed:
+            batch = batch.take(batch.step >= oldest_allowed)
+        if not len(batch):
             return
-        row_of = {step: self.row_for(step) for step in {r.step for r in records}}
-        col_of = {rank: self.column(rank) for rank in {r.rank for r in records}}
-        chunk = attribution.columns_of(records, row_of, col_of, self._keys)
+        steps = np.unique(batch.step).tolist()
+        for step in steps:
+            self.row_for(step)
+        chunk = batch.columns(batch.step % self.capacity, self.columns(batch.rank))
+        if len(steps) == 1:
+            row = steps[0] % self.capacity
+            self._aggs.setdefault(row, []).append(chunk)
+            self._dirty.add(row)
+            return
         for row in np.unique(chunk.row).tolist():
             self._aggs.setdefault(row, []).append(chunk.take(chunk.row == row))
             self._dirty.add(row)
+
+    def agg_batch(self, records: Sequence[schema.CollectiveAggregate]) -> aggcols.AggBatch:
+        return aggcols.agg_batch(records, self.names)
 
     def _attribute(self, rows: Sequence[int]) -> None:
         """Attribute the waits of rows that received aggregates since they were last viewed."""
@@ -211,7 +227,7 @@ class StepWindow:
             self._dirty.discard(row)
             joined = attribution.AggColumns.concat(self._aggs[row])
             joined.row = np.zeros_like(joined.row)
-            result = attribution.attribute(joined, (1, self._width))
+            result = aggcols.attribute_row(joined, self._width)
             for name in _ATTRIBUTED:
                 self._data[name][row] = getattr(result, name)[0]
 

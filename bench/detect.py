@@ -26,7 +26,8 @@ Scale (unchanged, on `tests/support/simulator.py`'s arrays, which only shape the
 offline analysis of 10,000 ranks x 1,000 steps pinned to one core (median of `--scale-rounds`,
 min-max beside it) and the streaming analyzer's per-step update at 10,000 ranks (median of 30
 steps): of the step records alone, and of everything a step ships (step records, collective
-aggregates, heartbeats); CPU time of the analysing thread with wall time beside it.
+aggregates, heartbeats), passed as the collector passes them (step records as the columns its
+ingest built); CPU time of the analysing thread with wall time beside it.
 
 The last line is one JSON object: {"precision", "recall", "culprit_accuracy", "kind_accuracy",
 "clean_false_findings", "median_latency_steps" (offline, hangs online), "online_precision",
@@ -53,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vigil import schema
+from vigil import columns, schema
 from vigil.analyzer import arrays, engine, streaming
 from vigil.analyzer import config as config_mod
 
@@ -375,17 +376,19 @@ def offline_scale(ranks: int, steps: int, rounds: int) -> tuple[list[float], lis
 def streaming_scale(ranks: int, steps: int, *, full: bool) -> tuple[list[float], list[float]]:
     """(wall, CPU) ms of each `observe` call carrying one step of every rank, after the first
     persistence window has filled: its step records alone, or (`full`) everything a step
-    ships (step records, two collective aggregates per rank, heartbeats)."""
+    ships (step records, two collective aggregates per rank, heartbeats). Called as the
+    collector calls it: the step records as the columns its ingest checks built (the SDK
+    ships them as one columnar block), the other records as decoded."""
     s = sim.simulate(sim.ScenarioConfig(job_id="stream", num_ranks=ranks, num_steps=steps, seed=6))
     analyzer = streaming.StreamingAnalyzer()
     analyzer.observe(next(s.records()))  # the job and its ranks
     wall, cpu = [], []
     for i in range(steps):
         batch = s.step_records(i)
-        if not full:
-            batch = [r for r in batch if isinstance(r, schema.StepRecord)]
+        cols = columns.from_records([r for r in batch if type(r) is schema.StepRecord])
+        batch = [r for r in batch if type(r) is not schema.StepRecord] if full else []
         t0, c0 = time.perf_counter(), time.thread_time()
-        analyzer.observe(batch)
+        analyzer.observe(batch, cols)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     return [w * 1000 for w in wall[10:]], [c * 1000 for c in cpu[10:]]
