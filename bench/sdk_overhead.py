@@ -26,15 +26,21 @@ ratios (a drift-cancelling cross-check). Progress pages live in /dev/shm, as by 
 
 CPU per step, in place. On the last workload ("40ms": the same model and ops as "250ms", and
 its shorter steps resolve a fixed cost better), rank 0 alone, on a one-member gloo group while
-the other ranks wait, trains four DDP models of that workload: three bare ones (no comm hook at
-all: DDP's C++ all-reduce) and one watched by the SDK (its cost thus includes its Python comm
-hook). A cycle is one step of each in a shuffled order: bare models A and B, the SDK's model,
-and the third bare model under torch.profiler (default activities: CPU here; started before
-that step and stopped after it, outside its timing). A model of its own each: every model's
+the other ranks wait, trains five DDP models of that workload: three bare ones (no comm hook at
+all: DDP's C++ all-reduce), one watched by the SDK (its cost thus includes its Python comm
+hook) and one with torch's own default comm hook alone. A cycle is one step of each in a
+shuffled order: bare models A and B, the SDK's model, the third bare model under
+torch.profiler (default activities: CPU here; started before that step and stopped after it,
+outside its timing) and the default hook's model. A model of its own each: every model's
 state is as cold in the caches as the others'. Per cycle, a step's training-thread CPU
 (time.thread_time) less the mean of the two bare steps' is that step's extra cost; the medians
 over cycles are sdk_step_cpu_us and profiler_step_cpu_us (with bootstrap 90 % intervals), and
 sdk_cpu_share_of_profiler is their ratio. B less A (cpu_aa_us) is the method's own noise.
+The default hook's extra cost (hook_floor_step_cpu_us) is the floor of any Python comm hook,
+which timing DDP's all-reduce needs: DDP's C++ path folds the averaging into its copy of the
+gradients into the bucket, while a hook divides the bucket in a pass of its own (on CPU ranks a
+pass over every gradient byte; on GPUs one kernel launch). sdk_beyond_floor_cpu_us is the SDK's
+cost less that floor, per cycle (its share of the profiler's: sdk_beyond_floor_share_of_profiler).
 Not in those figures, printed beside them: each kind's extra CPU on the process's other
 threads, less the SDK's own threads (for the SDK: its comm hook's completion callbacks, which
 gloo runs on its threads: sdk_other_threads_cpu_us; profiler_other_threads_cpu_us), the SDK's
@@ -55,8 +61,10 @@ Last line: one JSON object: sdk_overhead_ratio, profiler_overhead_ratio, ddp_com
 aa_ratio, plain_step_ms and sdk_overhead_ratio_90 (its interval) for the headline workload, the
 same with a `_<name>` suffix for the others (sdk_overhead_ratio_40ms, ..._40ms_90), hook_cost_us,
 sdk_step_cpu_us, profiler_step_cpu_us, sdk_cpu_share_of_profiler (and their intervals, `_90`),
-cpu_aa_us, sdk_other_threads_cpu_us, sdk_background_cpu_us, profiler_other_threads_cpu_us,
-profiler_stop_cpu_us, sdk_thread_pct, world and rounds. --rounds 0 gives the CPU figures only.
+hook_floor_step_cpu_us, sdk_beyond_floor_cpu_us, sdk_beyond_floor_share_of_profiler (and
+their intervals), cpu_aa_us, sdk_other_threads_cpu_us, sdk_background_cpu_us,
+profiler_other_threads_cpu_us, profiler_stop_cpu_us, sdk_thread_pct, world and rounds.
+--rounds 0 gives the CPU figures only.
 """
 
 from __future__ import annotations
@@ -92,8 +100,9 @@ from vigil.agent import ddp_hook, patching, stacks
 MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 # Step kinds of the in-place CPU measurement, each with a model of its own (so each model's
 # state is as cold in the caches as the others'): "plain" and "plain_b" are bare DDP models,
-# "sdk" is watched by the SDK, "profiler" is a bare one run under torch.profiler.
-CPU_KINDS = ("plain", "plain_b", "sdk", "profiler")
+# "sdk" is watched by the SDK, "profiler" is a bare one run under torch.profiler, "ddp_hook" has
+# torch's own default comm hook alone: the floor of any Python comm hook, which the SDK's includes.
+CPU_KINDS = ("plain", "plain_b", "sdk", "profiler", "ddp_hook")
 DEFAULT_WORKLOADS = ("250ms=256x128x10", "40ms=256x32x4")
 # Run lengths: (full, --quick); an explicit option wins over either.
 PRESETS = {
@@ -362,6 +371,7 @@ def _step_cpu(
             _model(w.hidden, args.layers), process_group=solo
         )
         models[kind] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
+    models["ddp_hook"][0].register_comm_hook(solo, default_hooks.allreduce_hook)
     before = set(threading.enumerate())
     vigil.agent.init(job="stepcost", output_dir=tmp / "out", progress_dir=pages, peak_flops=1e11)
     vigil.agent.watch(*models["sdk"])
@@ -509,12 +519,16 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     other = {kind: np.asarray(v) for kind, v in step_cpu["other"].items()}
     base = (own["plain"] + own["plain_b"]) / 2  # per cycle: the two bare steps' mean
     sdk_d, prof_d = own["sdk"] - base, own["profiler"] - base
+    floor_d = own["ddp_hook"] - base
     aa_d = own["plain_b"] - own["plain"]
     sdk_us, sdk_90 = _median_interval(sdk_d)
     prof_us, prof_90 = _median_interval(prof_d)
     aa_us, aa_90 = _median_interval(aa_d)
     share_90 = _share_interval(sdk_d, prof_d)
     share = sdk_us / prof_us if prof_us > 0 else float("nan")
+    floor_us, floor_90 = _median_interval(floor_d)
+    beyond_us, beyond_90 = _median_interval(sdk_d - floor_d)
+    beyond_share = beyond_us / prof_us if prof_us > 0 else float("nan")
     other_base = (other["plain"] + other["plain_b"]) / 2
     sdk_other_us, _ = _median_interval(other["sdk"] - other_base)
     prof_other_us, _ = _median_interval(other["profiler"] - other_base)
@@ -523,7 +537,8 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     plain_ms = float(np.median(base)) * 1e3
     print(
         f"\ntraining-thread CPU per step, in place (rank 0 alone, workload {w.name}, {cycles} "
-        f"cycles of 4 steps in shuffled order; a bare step: {plain_ms:.2f} ms of CPU); "
+        f"cycles of {len(CPU_KINDS)} steps in shuffled order; a bare step: {plain_ms:.2f} ms of "
+        "CPU); "
         "medians over cycles beyond the cycle's two bare steps (DDP without a comm hook):"
     )
     print(
@@ -537,6 +552,13 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     print(
         f"  SDK / profiler: {share:.3f} (90% interval {share_90[0]:.3f}-{share_90[1]:.3f}); "
         "target <= 0.10"
+    )
+    print(
+        f"  torch's default DDP comm hook alone (the floor of any Python comm hook: DDP's C++ "
+        f"path folds the averaging into its gradient copy, a hook divides the bucket in a pass "
+        f"of its own): {floor_us:.0f} us (90% interval {floor_90[0]:.0f}-{floor_90[1]:.0f}); "
+        f"the SDK beyond that floor: {beyond_us:.0f} us (90% interval {beyond_90[0]:.0f}-"
+        f"{beyond_90[1]:.0f}), {beyond_share:.3f} of the profiler's"
     )
     print(
         f"  A/A, bare model B less bare model A: {aa_us:.0f} us "
@@ -556,6 +578,11 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
         "profiler_step_cpu_us_90": [round(v, 1) for v in prof_90],
         "sdk_cpu_share_of_profiler": round(share, 4),
         "sdk_cpu_share_of_profiler_90": [round(v, 4) for v in share_90],
+        "hook_floor_step_cpu_us": round(floor_us, 1),
+        "hook_floor_step_cpu_us_90": [round(v, 1) for v in floor_90],
+        "sdk_beyond_floor_cpu_us": round(beyond_us, 1),
+        "sdk_beyond_floor_cpu_us_90": [round(v, 1) for v in beyond_90],
+        "sdk_beyond_floor_share_of_profiler": round(beyond_share, 4),
         "cpu_aa_us": round(aa_us, 1),
         "sdk_other_threads_cpu_us": round(sdk_other_us, 1),
         "sdk_background_cpu_us": round(background_us, 1),
