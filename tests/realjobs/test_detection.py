@@ -4,7 +4,8 @@ Real 4-rank gloo processes run `train.py`, a user's own loop instrumented only t
 public SDK, under each parallel wrapper (DDP, FSDP2, DTensor TP, a 1F1B pipeline, a plain loop
 calling dist.all_reduce). Each wrapper's launch runs its cases in turn: a clean jittery job, and
 a 2x straggler in each position (before forward / a slow forward layer in the pipeline, a slow
-layer in backward, the optimizer step, data loading inside `span("data")`). Every case is
+layer in backward, the optimizer step, data loading inside `span("data")`); the pipeline's
+launch also a 1.25x stage in the compute positions. Every case is
 analysed with `vigil analyze --json` as a user runs it. Hangs and a crash run on the plain loop
 and DDP. The full matrix, with magnitudes down to 1.1x and the online analyzer, is
 `bench/faults.py`.
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)
 POSITIONS = ("forward", "backward", "optimizer", "data")
 CULPRIT = {"forward": 1, "backward": 2, "optimizer": 3, "data": 0}
 EXPECTED_KIND = {"forward": "straggler", "backward": "straggler", "optimizer": "straggler"}
+PP_QUARTER = ("forward", "backward", "optimizer")  # 1.25x pipeline stragglers
 
 
 def _analyze(folder: Path) -> list[dict[str, Any]]:
@@ -57,6 +59,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for where in POSITIONS:
             fault = {"kind": "slow", "rank": CULPRIT[where], "factor": 2.0, "where": where}
             cases.append({"job": f"{wrapper}-{where}", "steps": 36, "seed": 4, "fault": fault})
+        if wrapper == "pp":  # a stage a quarter slower: its neighbours' waits must show it
+            for where in PP_QUARTER:
+                fault = {"kind": "slow", "rank": CULPRIT[where], "factor": 1.25, "where": where}
+                cases.append({"job": f"pp-{where}-1.25", "steps": 36, "seed": 5, "fault": fault})
         result = launcher.launch(wrapper, cases, out, progress_dir=pages, timeout_s=400)
         assert result.exit_codes == [0, 0, 0, 0], f"{wrapper}: see {result.logs}"
     return {p.name: p for p in out.iterdir() if p.is_dir()}
@@ -82,6 +88,18 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
         wait = next(e for e in finding["evidence"] if e["metric"] == "comm_wait_time")
         assert wait["observed"] < wait["baseline"]  # the straggler waits least
     assert finding["step_start"] <= 8 + 20  # reported within 20 steps of the fault's onset
+
+
+@pytest.mark.parametrize("where", PP_QUARTER)
+def test_a_pipeline_stage_a_quarter_slower_is_named(runs: dict[str, Path], where: str) -> None:
+    """1F1B on gloo: the stage's neighbours block in receives, batched exchanges and sends
+    whose launch writes the socket; all of it is their wait, so only the slow stage's compute
+    is up."""
+    found = _analyze(runs[f"pp-{where}-1.25"])
+    assert _named(found) == [("straggler", (CULPRIT[where],))], [f["summary"] for f in found]
+    signal = found[0]["evidence"][0]
+    assert signal["observed"] > signal["baseline"]
+    assert found[0]["step_start"] <= 8 + 20
 
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
