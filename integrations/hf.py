@@ -25,7 +25,7 @@ What the callback does, through the public SDK (`vigil.agent`) alone:
   step, or summed and scaled by the ranks when Trainer normalises it by the step's items), a
   detached tensor the SDK reads off the training thread, so no device sync;
 - a "checkpoint" request sets `control.should_save` at a step end every rank agrees on
-  (`save_agreement`: 1 to 4 step ends after the first rank saw the request, the next one when
+  (`save_agreement`: 1 to 16 step ends after the first rank saw the request, the next one when
   steps take a second or more), so Trainer writes its own `checkpoint-N` folder; once Trainer
   has saved one (on request or by its own `save_strategy`), world rank 0 reports it to vigil
   (`vigil.agent.checkpoint_committed`: step, folder, bytes, save time).

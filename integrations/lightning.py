@@ -24,9 +24,10 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
 - a "checkpoint" control request is honoured at a step's end, the same one on every rank (a
   request reaches each rank's page on its own, and ranks may see it a step apart): the
   framework-neutral `save_agreement.SaveAgreement` agrees without stalling a step (an async
-  all-reduce over a gloo group of its own about once a second, at most 4 steps apart, each read
-  one step later), then every rank calls `trainer.save_checkpoint(path)`, as Lightning's
-  distributed saves require: 1 to 4 step ends after the first rank saw the request. `path` is
+  all-reduce over a gloo group of its own about once a second, at most 16 steps apart, each
+  read one step later), then every rank calls `trainer.save_checkpoint(path)`, as Lightning's
+  distributed saves require: 1 to 16 step ends after the first rank saw the request, the next
+  one when steps take a second or more. `path` is
   `<dir>/vigil-step=<global_step>.ckpt`, `dir` being `checkpoint_dir`, else the trainer's
   `ModelCheckpoint.dirpath`, else `<default_root_dir>/checkpoints`; rank 0 then reports it
   with `vigil.agent.checkpoint_committed` (the record the recovery controller waits for);

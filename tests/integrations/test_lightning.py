@@ -33,7 +33,7 @@ from vigil.recovery.local import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 JOB = Path(__file__).with_name("lightning_job.py")
-STEPS, ACCUMULATE, REQUEST_AT = 8, 2, 3
+STEPS, ACCUMULATE, REQUEST_AT = 24, 2, 3
 STRAGGLER_STEPS, STRAGGLER = 32, 2
 JSON = ["--json", "--no-progress"]
 
