@@ -219,7 +219,7 @@ class HangTracker:
         b = arrays if arrays is not None else aggcols.beat_batch(beats, self.names)
         if not len(b):
             return
-        if np.unique(b.rank).size != len(b):
+        if aggcols.repeats(b.rank):
             for hb in beats:
                 self.observe_heartbeat(hb)
             return

@@ -57,6 +57,7 @@ class StepWindow:
         self._cols: dict[int, int] = {}
         self._lookup = np.full(0, -1, dtype=np.int64)  # rank id -> column, -1 if unseen
         self._rank_ids: list[int] = []
+        self._ids = np.zeros(0, dtype=np.int64)  # _rank_ids as an array (ranks only grow)
         self._nodes: list[str] = []
         self._devices: list[str] = []
         self._width = 0
@@ -158,7 +159,7 @@ class StepWindow:
         if not steps.size:
             return latest_end
         row = steps % self.capacity
-        for step in np.unique(steps):
+        for step in aggcols.distinct(steps).tolist():
             self.row_for(int(step))
         col = self.columns(values[:, 0].astype(np.int64))
         step_time = values[:, 3] - values[:, 2]
@@ -203,7 +204,7 @@ class StepWindow:
             batch = batch.take(batch.step >= oldest_allowed)
         if not len(batch):
             return
-        steps = np.unique(batch.step).tolist()
+        steps = aggcols.distinct(batch.step).tolist()
         for step in steps:
             self.row_for(step)
         chunk = batch.columns(batch.step % self.capacity, self.columns(batch.rank))
@@ -212,7 +213,7 @@ class StepWindow:
             self._aggs.setdefault(row, []).append(chunk)
             self._dirty.add(row)
             return
-        for row in np.unique(chunk.row).tolist():
+        for row in aggcols.distinct(chunk.row).tolist():
             self._aggs.setdefault(row, []).append(chunk.take(chunk.row == row))
             self._dirty.add(row)
 
@@ -263,7 +264,9 @@ class StepWindow:
         d = {name: values[rows, :n] for name, values in self._data.items()}
         clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
-        ids = np.asarray(self._rank_ids, dtype=np.int64)
+        if self._ids.size != n:
+            self._ids = np.asarray(self._rank_ids, dtype=np.int64)
+        ids = self._ids
         parts = []
         for i, step in enumerate(steps if with_aggs else ()):
             for chunk in self._aggs.get(step % self.capacity, []):
