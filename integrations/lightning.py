@@ -32,7 +32,10 @@ What it does, through `vigil.agent` only (init, watch, step, span, on_control, s
   `ModelCheckpoint.dirpath`, else `<default_root_dir>/checkpoints`; rank 0 then reports it
   with `vigil.agent.checkpoint_committed` (the record the recovery controller waits for);
 - the time from one batch's end to the next batch's start (the loader's fetch and Lightning's
-  own between-batch work) is a "data" span;
+  own between-batch work) is a "data" span; the broadcast Lightning makes there every batch
+  (`_broadcast_sigterm_tensor`, whether rank 0 got SIGTERM) is recorded as the job's collective
+  like any other (~7 us of the SDK's each): the other ranks wait there for rank 0 between
+  batches (its loader, its between-batch work);
 - MFU from a `ModelShape` (layers, hidden, heads, seq len; `params=0` counts the module's
   parameters other than its embedding tables, as `vigil.flops` defines N);
 - `teardown` (or `on_exception`, which marks the rank failed) shuts the SDK down.
