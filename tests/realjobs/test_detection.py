@@ -92,9 +92,9 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
 
 @pytest.mark.parametrize("where", PP_QUARTER)
 def test_a_pipeline_stage_a_quarter_slower_is_named(runs: dict[str, Path], where: str) -> None:
-    """1F1B on gloo: the stage's neighbours block in receives, batched exchanges and sends
-    whose launch writes the socket; all of it is their wait, so only the slow stage's compute
-    is up."""
+    """1F1B on gloo: the other stages block in receives, batched exchanges and sends whose
+    launch writes the socket; all of it counts as their wait, so the slow stage's compute
+    stands out."""
     found = _analyze(runs[f"pp-{where}-1.25"])
     assert _named(found) == [("straggler", (CULPRIT[where],))], [f["summary"] for f in found]
     signal = found[0]["evidence"][0]
