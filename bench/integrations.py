@@ -38,10 +38,17 @@ wrappers pass on to torch (done with or without vigil). Machine noise stretches 
 out of vigil alike, so this resolves far below the ratios' noise on a busy machine; it misses
 the other threads and indirect costs (caches), which the CPU ratio sees.
 
+And, far less sensitive to what else the machine runs: the share of rank 0's process CPU
+over a block's steps after `--skip` that the threads the block started took (read by the job
+at those steps' ends): in a vigil block vigil's background threads (record flusher, checkpoint
+agreement and gloo's threads for its group), in a plain block none (its control, 0).
+
 Target: hf_overhead_ratio and lightning_overhead_ratio <= 1.02.
 Last line: one JSON object: hf_overhead_ratio, lightning_overhead_ratio, their `_90` intervals,
 `<fw>_aa_ratio` (the A/A control) and its `_90`, `<fw>_cpu_ratio` (and `_90`),
-`<fw>_cpu_aa_ratio`, `<fw>_plain_step_ms`, `<fw>_vigil_thread_pct` (with sampling), rounds,
+`<fw>_cpu_aa_ratio`, `<fw>_plain_step_ms`, `<fw>_vigil_threads_cpu_pct` and
+`<fw>_plain_threads_cpu_pct` (the started threads' share), `<fw>_vigil_thread_pct` (with
+sampling), rounds,
 steps (per block), skip and world.
 """
 
@@ -93,8 +100,9 @@ def _plan(fw: str, rounds: int, rng: random.Random) -> list[tuple[int, str, str]
     return plan
 
 
-def _case(fw: str, name: str, mode: str, steps: int) -> dict[str, Any]:
+def _case(fw: str, name: str, mode: str, steps: int, skip: int = 0) -> dict[str, Any]:
     case: dict[str, Any] = {"job": name, "steps": steps, "vigil": mode == "vigil"}
+    case["threads_from"] = skip
     if fw == "hf":
         case["grad_accum"] = 2
     return case
@@ -224,6 +232,15 @@ def _block_times(fw: str, out: Path, name: str, steps: int) -> tuple[list[float]
     return times, cpu
 
 
+def _threads_share(out: Path, name: str, cpu: list[float], skip: int) -> float:
+    """% of rank 0's process CPU over a block's steps after its first `skip` taken by the
+    threads the block started: in a vigil block vigil's (the record flusher, the checkpoint
+    agreement's thread, gloo's threads for the agreement's group), in a plain one none."""
+    own = json.loads((out / name / "job.rank0.json").read_text())
+    used = float(own["new_threads_cpu"]) - float(own["new_threads_cpu_from"])
+    return 100.0 * used / max(sum(cpu[skip:]), 1e-9)
+
+
 def _vigil_steps(fw: str, out: Path, name: str) -> int:
     """Step records rank 0's vigil session wrote for one block (proof that vigil ran)."""
     folder = out / "vigil" / name if fw == "hf" else out / name
@@ -248,9 +265,12 @@ def _bench(
     plan = _plan(fw, args.rounds, order_rng)
     out = tmp / fw
     started = time.monotonic()
-    _launch(fw, [_case(fw, name, mode, args.steps) for _, mode, name in plan], out, args.timeout)
+    cases = [_case(fw, name, mode, args.steps, args.skip) for _, mode, name in plan]
+    _launch(fw, cases, out, args.timeout)
     print(f"{fw}: {len(plan)} blocks of {args.steps} steps in {time.monotonic() - started:.0f} s")
-    medians: dict[str, dict[str, list[float]]] = {k: {m: [] for m in MODES} for k in KINDS}
+    medians: dict[str, dict[str, list[float]]] = {
+        k: {m: [] for m in MODES} for k in (*KINDS, "threads")
+    }
     for r, mode, name in plan:
         times, cpu = _block_times(fw, out, name, args.steps)
         if mode == "vigil" and (recorded := _vigil_steps(fw, out, name)) != args.steps:
@@ -259,6 +279,7 @@ def _bench(
         if r >= 0:
             medians["wall"][mode].append(float(np.median(times[args.skip :])))
             medians["cpu"][mode].append(float(np.median(cpu[args.skip :])))
+            medians["threads"][mode].append(_threads_share(out, name, cpu, args.skip))
     wall = medians["wall"]
     for r in range(args.rounds):
         base = wall["plain"][r]
@@ -309,6 +330,14 @@ def _report(
         for key, value in figures.items()
     }
     result[f"{fw}_plain_step_ms"] = round(plain_ms, 2)
+    threads = {mode: float(np.median(medians["threads"][mode])) for mode in ("vigil", "plain")}
+    print(
+        f"{fw}: threads a block started took {threads['vigil']:.2f}% of its CPU with vigil, "
+        f"{threads['plain']:.2f}% without (median over rounds)",
+        flush=True,
+    )
+    result[f"{fw}_vigil_threads_cpu_pct"] = round(threads["vigil"], 3)
+    result[f"{fw}_plain_threads_cpu_pct"] = round(threads["plain"], 3)
     return result
 
 

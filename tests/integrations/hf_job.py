@@ -18,7 +18,7 @@ and a vigil job of its own unless `"vigil": false`, which leaves the callback ou
 (bench/integrations.py interleaves the two this way) (JSON list of objects):
 
     {"job": NAME, "steps": N, "grad_accum": K, "slow": {"rank": R, "factor": F} | null,
-     "vigil": true, "parallel": "ddp" | "fsdp", "no_vigil_rank": R | null}
+     "vigil": true, "parallel": "ddp" | "fsdp", "no_vigil_rank": R | null, "threads_from": S}
 
 `slow`: rank R sleeps inside each step from step 9 on, (F - 1) x its median step time of steps
 3..8 (a straggler). `no_vigil_rank`: vigil cannot start on rank R (its progress folder
@@ -27,7 +27,10 @@ cannot be made), the others run it. For every case each rank writes
 global_step, the step's wall seconds from on_step_begin to on_step_end and from the previous
 step's end, the process's CPU seconds over the latter, the non-padding tokens and all
 positions of its micro-batches, the loss Trainer's training_step returned summed over them),
-the checkpoint folders Trainer wrote and whether accelerate really sharded the model. vigil's
+the checkpoint folders Trainer wrote, whether accelerate really sharded the model, and the CPU
+seconds of the threads the case started (`new_threads_cpu`: vigil's, and in the first case the
+process group's), read at its last step end (and `new_threads_cpu_from`, at the end of step
+`threads_from`, when given). vigil's
 files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to `DIR/<job>/trainer/`.
 A "checkpoint" request (`vigil agent --request checkpoint --job NAME`, or the collector's
 control API through a node agent) makes Trainer save a `checkpoint-N` folder there.
@@ -105,6 +108,26 @@ class CountingTrainer(transformers.Trainer):
         return loss
 
 
+def thread_ids() -> set[int]:
+    """Native ids of this process's threads (empty where /proc is not there)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def new_threads_cpu(before: set[int]) -> float:
+    """CPU seconds of this process's threads started since `before` was taken (Linux's
+    per-thread run time, /proc/self/task/<id>/schedstat)."""
+    total = 0
+    for tid in thread_ids() - before:
+        try:
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return total / 1e9
+
+
 class JobLog(transformers.TrainerCallback):
     """The job's own record of each optimizer step (wall time, global_step, tokens, loss), and
     the straggler and the operator's checkpoint request it injects."""
@@ -116,6 +139,9 @@ class JobLog(transformers.TrainerCallback):
         self.started = 0.0
         self.ended = self.cpu = 0.0
         self.sleep_s = 0.0
+        self.threads = thread_ids()  # those running before the case (see run_case)
+        self.threads_cpu = 0.0  # CPU of the threads the case started, read at its last step
+        self.threads_cpu_from = 0.0  # ... and at the end of step `threads_from` (0: none)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.ended, self.cpu = time.perf_counter(), time.process_time()
@@ -148,6 +174,10 @@ class JobLog(transformers.TrainerCallback):
             }
         )
         trainer.step_tokens, trainer.step_positions, trainer.step_loss = 0, 0, 0.0
+        if state.global_step == self.case.get("threads_from", 0):
+            self.threads_cpu_from = new_threads_cpu(self.threads)
+        if state.global_step >= self.case["steps"]:  # before the callbacks' on_train_end
+            self.threads_cpu = new_threads_cpu(self.threads)
 
 
 def training_args(case: dict[str, Any], out: Path, ns: argparse.Namespace) -> Any:
@@ -228,6 +258,8 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
         "world_size": args.world_size,
         "fsdp": bool(trainer.is_fsdp_enabled),  # whether accelerate really sharded the model
         "wrapper": type(trainer.model_wrapped).__name__,
+        "new_threads_cpu": log.threads_cpu,
+        "new_threads_cpu_from": log.threads_cpu_from,
     }
     (out / case["job"]).mkdir(parents=True, exist_ok=True)
     (out / case["job"] / f"job.rank{rank}.json").write_text(json.dumps(record))

@@ -24,8 +24,10 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
   from the previous step's end, the first from the fit's start) measured by a plain Callback of
   this job's own, independent of vigil (`step_cpu.rank<R>.json`: the process's CPU seconds,
   all its threads, over each); `DIR/job.rank<R>.json` holds what the job itself
-  counted per optimizer step (global step, tokens = attention-mask sum, loss) and the
-  checkpoints vigil saved; vigil's files go to `DIR/<job>/rank-NNNNN.jsonl` without a
+  counted per optimizer step (global step, tokens = attention-mask sum, loss), the
+  checkpoints vigil saved and the CPU seconds of the threads the fit started
+  (`new_threads_cpu`: vigil's, and in a process's first fit the process group's), read at its
+  last step; vigil's files go to `DIR/<job>/rank-NNNNN.jsonl` without a
   collector (with `--collector URL`, also there when `--also-jsonl`; `$VIGIL_OUTPUT_DIR`, when
   set, instead of DIR); Lightning's checkpoints under `DIR/checkpoints/`.
 - `--job` (default `$VIGIL_JOB`, else lightning-job) and `--progress-dir` (default
@@ -35,7 +37,8 @@ Used by tests/integrations/test_lightning.py and by bench/integrations.py. Comma
 - `--request-checkpoint-at STEP`: once global step STEP is reached, rank 0 runs
   `vigil agent --request checkpoint --job NAME --progress-dir DIR`, as an operator would.
 - `--cases CASES.json` (under a launcher only): several fits in turn in one process group, a
-  JSON list of `{"job": NAME, "steps": N, "vigil": true|false}` (the other options as given),
+  JSON list of `{"job": NAME, "steps": N, "vigil": true|false, "threads_from": S}` (the other
+  options as given; `threads_from`: also read the started threads' CPU at step S's end),
   each a fresh Trainer and a fresh model with the same seed (so the same weights and data), with
   its own SDK session when `vigil` (init at setup, shutdown at teardown: its records in
   `DIR/NAME/rank-NNNNN.jsonl`, or `$VIGIL_OUTPUT_DIR/NAME/`) and no callback of vigil's at all
@@ -151,6 +154,26 @@ class PaddedTokens(Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": ids * mask, "attention_mask": mask}
 
 
+def thread_ids() -> set[int]:
+    """Native ids of this process's threads (empty where /proc is not there)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def new_threads_cpu(before: set[int]) -> float:
+    """CPU seconds of this process's threads started since `before` was taken (Linux's
+    per-thread run time, /proc/self/task/<id>/schedstat)."""
+    total = 0
+    for tid in thread_ids() - before:
+        try:
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return total / 1e9
+
+
 class StepLog(pl.Callback):
     """The job's own record, independent of vigil: per optimizer step its wall time, tokens and
     loss; rank 0 also sends the operator's checkpoint request when asked to."""
@@ -162,6 +185,9 @@ class StepLog(pl.Callback):
         self.steps: list[dict[str, Any]] = []
         self.last = self.last_cpu = 0.0
         self.seen = 0
+        self.threads = thread_ids()  # those running before the fit (the log is made first)
+        self.threads_cpu = 0.0  # CPU of the threads the fit started, read at its last step
+        self.threads_cpu_from = 0.0  # ... and at the end of step `args.threads_from` (0: none)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.last, self.last_cpu = time.perf_counter(), time.process_time()
@@ -185,6 +211,10 @@ class StepLog(pl.Callback):
             }
         )
         module.step_tokens, module.step_losses = 0, []
+        if trainer.global_step == self.args.threads_from:
+            self.threads_cpu_from = new_threads_cpu(self.threads)
+        if trainer.global_step >= trainer.max_steps:  # before the callbacks' on_train_end
+            self.threads_cpu = new_threads_cpu(self.threads)
         at = self.args.request_checkpoint_at
         if at is not None and trainer.global_step == at and trainer.global_rank == 0:
             request = [sys.executable, "-m", "vigil", "agent", "--request", "checkpoint"]
@@ -280,6 +310,8 @@ def fit(args: argparse.Namespace, devices: int) -> None:
     (out / f"step_cpu.rank{rank}.json").write_text(json.dumps(log.cpu))
     saved = [str(p) for cb in trainer.callbacks for p in getattr(cb, "checkpoints", [])]
     record = {"steps": log.steps, "global_step": trainer.global_step, "checkpoints": saved}
+    record["new_threads_cpu"] = log.threads_cpu
+    record["new_threads_cpu_from"] = log.threads_cpu_from
     record["finite"] = all(math.isfinite(s["loss"]) for s in log.steps)
     (out / f"job.rank{rank}.json").write_text(json.dumps(record))
 
@@ -295,6 +327,7 @@ def _cases(args: argparse.Namespace, devices: int) -> None:
         run.job, run.out = case["job"], str(root / case["job"])
         run.steps = int(case.get("steps", args.steps))
         run.no_vigil = not case.get("vigil", True)
+        run.threads_from = int(case.get("threads_from", 0))
         run.vigil_out = str(root)  # vigil's records: DIR/<job>/rank-NNNNN.jsonl
         fit(run, devices)
         gc.collect()  # the last fit's model and trainer go before the next one is timed
@@ -323,6 +356,7 @@ def main() -> None:
     args = parser.parse_args()
     args.job = args.job or os.environ.get("VIGIL_JOB") or "lightning-job"
     args.vigil_out = args.out
+    args.threads_from = 0  # (a case's option: see --cases)
     if min(args.steps, args.accumulate, args.nproc, args.batch) < 1:
         parser.error("--steps, --accumulate, --batch and --nproc must be >= 1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
