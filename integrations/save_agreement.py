@@ -69,6 +69,7 @@ class SaveAgreement:
         self._seen = 0  # requests this rank's SDK delivered
         self._agreed = 0  # the job-wide count already acted on
         self._group: Any = None
+        self._own_group = False  # made by start(): destroyed by close()
         self._asks: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[tuple[int, int] | BaseException] = queue.SimpleQueue()
         self._ends = 0  # step ends so far (save_now calls): the same count on every rank
@@ -87,6 +88,7 @@ class SaveAgreement:
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and distributed and dist.get_world_size() > 1:
             group = dist.new_group(backend="gloo")
+            self._own_group = True
         if group is not None:
             self._group = group
             self._thread = threading.Thread(
@@ -152,7 +154,9 @@ class SaveAgreement:
             self._answers.put((agreed, max(1, min(MAX_GAP_STEPS, gap))))
 
     def close(self) -> None:
-        """Take the last answer (every rank asked; none may leave the all-reduce open)."""
+        """Take the last answer (every rank asked; none may leave the all-reduce open), then
+        destroy the group `start` made (not a collective: each rank's own sockets and threads,
+        so a process that trains many times does not keep one group per run)."""
         thread, self._thread = self._thread, None
         if self._owed and not self._broken:
             self._owed = False
@@ -160,7 +164,14 @@ class SaveAgreement:
                 self._answer()
             except RuntimeError as exc:  # a peer gone at the end: nothing left to save
                 log.debug("%s", exc)
-        self._group = None
+        group, self._group = self._group, None
         if thread is not None:
             self._asks.put(_STOP)
             thread.join(timeout=ANSWER_TIMEOUT_S)
+        done = thread is None or not thread.is_alive()
+        if self._own_group and done and not self._broken and dist.is_initialized():
+            self._own_group = False
+            try:  # this rank's last round is done: all it sends for it is sent
+                dist.destroy_process_group(group)
+            except Exception as exc:  # already gone with the default group: nothing held
+                log.debug("checkpoint agreement group: %r", exc)

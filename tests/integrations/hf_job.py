@@ -30,10 +30,11 @@ positions of its micro-batches, the loss Trainer's training_step returned summed
 the checkpoint folders Trainer wrote, whether accelerate really sharded the model, and the CPU
 seconds of the threads the case started (`new_threads_cpu`: vigil's, and in the first case the
 process group's), read at its last step end (and `new_threads_cpu_from`, at the end of step
-`threads_from`, when given). vigil's
-files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to `DIR/<job>/trainer/`.
-A "checkpoint" request (`vigil agent --request checkpoint --job NAME`, or the collector's
-control API through a node agent) makes Trainer save a `checkpoint-N` folder there.
+`threads_from`, when given), and how many threads the process runs after it (`threads_after`).
+vigil's files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to
+`DIR/<job>/trainer/`. A "checkpoint" request (`vigil agent --request checkpoint --job NAME`,
+or the collector's control API through a node agent) makes Trainer save a `checkpoint-N`
+folder there.
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
         "wrapper": type(trainer.model_wrapped).__name__,
         "new_threads_cpu": log.threads_cpu,
         "new_threads_cpu_from": log.threads_cpu_from,
+        "threads_after": len(thread_ids()),  # the process's threads once the case is over
     }
     (out / case["job"]).mkdir(parents=True, exist_ok=True)
     (out / case["job"] / f"job.rank{rank}.json").write_text(json.dumps(record))

@@ -244,6 +244,17 @@ def test_a_rank_where_vigil_cannot_start_trains_on_and_still_saves_with_its_peer
     assert len(list((folder / "trainer" / saved).glob("rng_state_*.pth"))) == NPROC
 
 
+def test_each_training_leaves_no_thread_of_vigils_behind(runs: Path) -> None:
+    """Each case's session and checkpoint agreement (a gloo group of its own: its loop and run
+    threads) end with its training: after the first case (which made the process group) every
+    case leaves the process the threads it found, give or take one still ending (a group left
+    behind would add three a case)."""
+    cases = ["hf-clean", "hf-straggler", "hf-fsdp-on-cpu", "hf-partial"]
+    for rank in range(NPROC):
+        after = [job_log(runs / case, rank)["threads_after"] for case in cases]
+        assert max(after) <= after[0] + 1, (rank, after)
+
+
 def test_fsdp_asked_of_trainer_on_cpu_still_trains_with_ddp(runs: Path) -> None:
     """The reason the FSDP run below needs GPUs (module docstring): if accelerate starts
     sharding on CPU this fails, and the FSDP case should run here."""
