@@ -50,17 +50,21 @@ def detect(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> list[sc
     g = attribution.group_transfer(a.aggs)
     if not g.row.size:
         return []
-    keys = np.unique(g.key)
+    keys, first_cell, col_at = np.unique(g.key, return_index=True, return_inverse=True)
     col_of = {int(k): i for i, k in enumerate(keys)}
     transfer = np.full((a.num_steps, keys.size), np.nan)
-    members: dict[int, tuple[int, ...]] = {}
+    transfer[g.row, col_at.reshape(-1)] = g.transfer_s  # one cell per (row, key)
+    # Each group's members as its first comparable cell lists them.
+    members = dict(zip(keys.tolist(), g.members(first_cell.tolist()), strict=True))
     classes: dict[tuple[str, str, int], set[int]] = defaultdict(set)
-    for row, key, t, nbytes, who in zip(
-        g.row.tolist(), g.key.tolist(), g.transfer_s.tolist(), g.nbytes.tolist(), g.members,
-        strict=True,
-    ):  # fmt: skip
-        transfer[row, col_of[key]] = t
-        members.setdefault(key, who)
+    # Each (key, bytes per op) once, in the order the cells first show it.
+    order = np.lexsort((np.arange(g.key.size), g.nbytes, g.key))
+    new_pair = np.ones(order.size, dtype=bool)
+    new_pair[1:] = (g.key[order[1:]] != g.key[order[:-1]]) | (
+        g.nbytes[order[1:]] != g.nbytes[order[:-1]]
+    )
+    pairs = np.sort(order[new_pair])
+    for key, nbytes in zip(g.key[pairs].tolist(), g.nbytes[pairs].tolist(), strict=True):
         name, op = a.agg_keys[key]
         if op == "p2p":
             continue  # a send completes only once its receiver takes it: not a link's own time
