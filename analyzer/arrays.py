@@ -63,6 +63,9 @@ class StepArrays:
     # arrays) and the (group, op class) each `key` stands for: the slow-link detector reads them.
     aggs: attribution.AggColumns | None = None
     agg_keys: tuple[tuple[str, str], ...] = ()
+    # Or, in their place, what the slow-link detector reads of them: per (row, key) cell its
+    # transfer time (`attribution.group_transfer`), kept per row by the streaming window.
+    transfers: attribution.GroupTransfer | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -271,6 +271,31 @@ class GroupTransfer:
     member_cell: I64
     member_col: I64
 
+    @classmethod
+    def empty(cls) -> GroupTransfer:
+        i = np.zeros(0, dtype=np.int64)
+        return cls(row=i, key=i, transfer_s=np.zeros(0), nbytes=i, member_cell=i, member_col=i)
+
+    @classmethod
+    def concat(cls, parts: Sequence[GroupTransfer], rows: Sequence[int]) -> GroupTransfer:
+        """Parts of one row each (as `group_transfer` gives them for a row's aggregates),
+        placed at `rows`: what `group_transfer` gives for all their aggregates at once, since
+        cells never span rows (in `rows` ascending, the same cells in the same order)."""
+        if not parts:
+            return cls.empty()
+        sizes = np.asarray([p.row.size for p in parts], dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        return cls(
+            row=np.repeat(np.asarray(rows, dtype=np.int64), sizes),
+            key=np.concatenate([p.key for p in parts]),
+            transfer_s=np.concatenate([p.transfer_s for p in parts]),
+            nbytes=np.concatenate([p.nbytes for p in parts]),
+            member_cell=np.concatenate(
+                [p.member_cell + o for p, o in zip(parts, offsets.tolist(), strict=True)]
+            ),
+            member_col=np.concatenate([p.member_col for p in parts]),
+        )
+
     def members(self, cells: Sequence[int]) -> list[tuple[int, ...]]:
         """The member columns of each of `cells`, sorted (a column once per aggregate it has
         there: a rank that both sends and receives in a pair's cell is listed twice)."""
@@ -292,10 +317,7 @@ class GroupTransfer:
 def group_transfer(c: AggColumns) -> GroupTransfer:
     inv, ok, groups = comparable(c)
     if not ok.any():
-        i = np.zeros(0, dtype=np.int64)
-        return GroupTransfer(
-            row=i, key=i, transfer_s=np.zeros(0), nbytes=i, member_cell=i, member_col=i
-        )
+        return GroupTransfer.empty()
     present = np.zeros(groups, dtype=bool)
     present[inv[ok]] = True
     cells = np.flatnonzero(present)

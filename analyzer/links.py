@@ -45,10 +45,12 @@ def group_kind(group: str) -> str:
 
 
 def detect(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> list[schema.Finding]:
-    if a.aggs is None or not len(a.aggs) or not a.agg_keys:
-        return []
-    g = attribution.group_transfer(a.aggs)
-    if not g.row.size:
+    g = a.transfers
+    if g is None:
+        if a.aggs is None or not len(a.aggs):
+            return []
+        g = attribution.group_transfer(a.aggs)
+    if not g.row.size or not a.agg_keys:
         return []
     keys, first_cell, col_at = np.unique(g.key, return_index=True, return_inverse=True)
     col_of = {int(k): i for i, k in enumerate(keys)}

@@ -297,7 +297,7 @@ class _JobStream:
         return drop
 
     def _imbalance(self) -> list[schema.Finding]:
-        a = self.window.view(self.analysed, with_aggs=True)
+        a = self.window.view(self.analysed, with_transfers=True)
         out = []
         found = imbalance.stage_findings(a, self.cfg.straggler)
         found.extend(links.detect(a, self.cfg.straggler))

@@ -73,6 +73,9 @@ class StepWindow:
         # after new ones arrived (cross-rank: a step's ranks arrive in different batches).
         self._aggs: dict[int, list[attribution.AggColumns]] = {}
         self._dirty: set[int] = set()
+        # Per ring row: its cells' transfer times for the slow-link check, as (ranks it was
+        # computed over, result); dropped when the row receives aggregates or is reused.
+        self._transfers: dict[int, tuple[int, attribution.GroupTransfer]] = {}
         self._keys: dict[tuple[str, str], int] = {}
         self.names = aggcols.Names(self._keys)  # group and (group, op class) ids
         # Ranks the job declared (its world size): waited for before a step is analysed, but
@@ -126,6 +129,7 @@ class StepWindow:
                 values[row] = np.nan
             self.row_step[row] = step
             self._aggs.pop(row, None)
+            self._transfers.pop(row, None)
             self._dirty.discard(row)
             self.reported[row] = 0
             self.start_s[row] = np.inf
@@ -212,10 +216,12 @@ class StepWindow:
             row = steps[0] % self.capacity
             self._aggs.setdefault(row, []).append(chunk)
             self._dirty.add(row)
+            self._transfers.pop(row, None)
             return
         for row in aggcols.distinct(chunk.row).tolist():
             self._aggs.setdefault(row, []).append(chunk.take(chunk.row == row))
             self._dirty.add(row)
+            self._transfers.pop(row, None)
 
     def agg_batch(self, records: Sequence[schema.CollectiveAggregate]) -> aggcols.AggBatch:
         return aggcols.agg_batch(records, self.names)
@@ -247,9 +253,26 @@ class StepWindow:
             harmful = int(value) & arrays_mod.HARMFUL_THROTTLE_BITS
             self._data["throttled"][row, col] = 1.0 if harmful else 0.0
 
-    def view(self, steps: Sequence[int], *, with_aggs: bool = False) -> arrays_mod.StepArrays:
+    def _row_transfer(self, row: int, n: int) -> attribution.GroupTransfer:
+        """`attribution.group_transfer` of a row's aggregates from the first `n` columns,
+        computed once per row and kept until the row changes."""
+        cached = self._transfers.get(row)
+        if cached is not None and cached[0] == n:
+            return cached[1]
+        parts = [chunk.take(chunk.col < n) for chunk in self._aggs.get(row, [])]
+        joined = attribution.AggColumns.concat(parts)
+        joined.row = np.zeros_like(joined.row)
+        result = attribution.group_transfer(joined)
+        self._transfers[row] = (n, result)
+        return result
+
+    def view(
+        self, steps: Sequence[int], *, with_aggs: bool = False, with_transfers: bool = False
+    ) -> arrays_mod.StepArrays:
         """Chronological arrays of `steps` (which must still be in the window); `with_aggs`:
-        with their collective aggregates too (for the slow-link detector, not per batch).
+        with their collective aggregates too; `with_transfers`: with their groups' transfer
+        times (`attribution.group_transfer` of those aggregates, each row's kept between
+        calls: the slow-link detector's input, not per batch).
 
         One step is a view into the ring (no copy): use it before the ring moves on.
         """
@@ -286,6 +309,13 @@ class StepWindow:
             transfer_s=d["transfer_s"],
             wait_s=d["wait_s"],
             aggs=attribution.AggColumns.concat(parts) if with_aggs else None,
+            transfers=(
+                attribution.GroupTransfer.concat(
+                    [self._row_transfer(s % self.capacity, n) for s in steps], range(len(steps))
+                )
+                if with_transfers
+                else None
+            ),
             agg_keys=tuple(sorted(self._keys, key=self._keys.__getitem__)),
             tokens=d["tokens"],
             mfu=d["mfu"],

@@ -210,3 +210,45 @@ def test_split_keeps_each_type_in_order() -> None:
     assert others == [r for r in records if type(r) is schema.RankInfo]
     read = streaming._READ - {schema.StepRecord, schema.CollectiveAggregate, schema.Heartbeat}
     assert read == aggcols.OTHERS
+
+
+def _transfer_fields(g: attribution.GroupTransfer) -> list[list[object]]:
+    members = g.members(list(range(g.row.size)))
+    return [g.row.tolist(), g.key.tolist(), g.transfer_s.tolist(), g.nbytes.tolist(), members]
+
+
+def test_window_transfers_kept_per_row_equal_group_transfer_of_its_aggregates() -> None:
+    # The slow-link check reads each row's group transfers, computed once and kept: they must
+    # be what `group_transfer` gives for the view's aggregates, also after a row receives more
+    # aggregates (a late rank's batch) and after the ring reuses a row for a newer step.
+    from vigil.analyzer import window as window_mod
+
+    rng = random.Random(9)
+    w = window_mod.StepWindow("j", 4, 13)
+
+    def batch(step: int, ranks: range) -> list[schema.CollectiveAggregate]:
+        records = [r for r in _aggs(rng, ranks=13, disagree=step % 2 == 1) if r.rank in ranks]
+        for r in records:
+            r.step = step
+        return records
+
+    def check(steps: list[int]) -> None:
+        kept = w.view(steps, with_transfers=True).transfers
+        assert kept is not None
+        aggs = w.view(steps, with_aggs=True).aggs
+        assert aggs is not None
+        assert _transfer_fields(kept) == _transfer_fields(attribution.group_transfer(aggs))
+        assert kept.row.size >= len(steps)  # something comparable in every row
+
+    w.add_aggregates(batch(0, range(13)), 0)
+    for step in (1, 2):
+        w.add_aggregates(batch(step, range(7)), 0)
+    check([0, 1, 2])
+    for step in (1, 2):
+        w.add_aggregates(batch(step, range(7, 13)), 0)  # the rest of each step's ranks
+    check([0, 1, 2])
+    w.add_aggregates(batch(4, range(13)), 0)  # row 0 now holds step 4
+    check([1, 2, 4])
+    w.row_for(5)  # row 1 now holds step 5, of which nothing arrived yet
+    assert (kept := w.view([5], with_transfers=True).transfers) is not None
+    assert kept.row.size == 0
