@@ -270,15 +270,12 @@ class CollectiveRecorder:
         """The recorder's clock (monotonic seconds unless a test gave another)."""
         return self._clock()
 
-    def launched(self, pending: _Pending) -> None:
-        """An asynchronous op's launch call returned: the time inside it is communication on
-        the training thread (gloo's p2p sends write their socket there and posting a receive
-        notifies the peer; on a loaded host the thread also loses its CPU there), so it is
-        blocked time, never compute."""
-        try:
-            self.wait_blocked(self._clock() - pending.start)
-        except Exception as exc:  # fail-open
-            self._on_error(exc)
+    def blocked_since(self, start: float) -> None:
+        """The training thread was inside a communication call from `start` (this recorder's
+        clock) until now: an asynchronous op's launch (gloo's p2p sends write their socket
+        there and posting a receive notifies the peer; on a loaded host the thread also loses
+        its CPU there) or a whole batch of p2p ops. Blocked time, never compute."""
+        self.wait_blocked(self._clock() - start)
 
     # -- step boundary --------------------------------------------------------------------
     def swap(self) -> tuple[StepAggregates, float, float]:

@@ -127,7 +127,7 @@ def _wrap(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             _state.depth = False
         if is_async and result is not None:
             if not getattr(_state, "batch", False):  # a batch counts its whole call
-                recorder.launched(pending)
+                recorder.blocked_since(pending.start)
             _on_completion(recorder, pending, result)
         else:
             recorder.finish(pending, sync=True)
@@ -153,10 +153,7 @@ def _wrap_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         finally:
             _state.batch = False
-            try:
-                recorder.wait_blocked(recorder.now() - start)
-            except Exception as exc:  # fail-open
-                recorder._on_error(exc)
+            recorder.blocked_since(start)
 
     batch.__vigil_wrapped__ = fn  # type: ignore[attr-defined]
     return batch
