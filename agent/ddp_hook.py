@@ -24,11 +24,13 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
     """DDP's default all-reduce (average over the group), timed: one future callback both
     records completion and hands DDP the reduced bucket, so a bucket costs the comm thread one
     Python call, as torch's own default hook does. The process group is called directly (as
-    torch's default hook does), not through `dist.all_reduce`'s Python checks; NCCL averages in
-    its kernel, other backends sum a bucket divided first."""
+    torch's default hook does), not through `dist.all_reduce`'s Python checks. NCCL averages in
+    its kernel; where the backend only sums, the reduced bucket is divided in that same
+    callback, on the comm thread, while the training thread goes on with backward (a float16
+    bucket is divided first, as torch's default hook does, so that its sum cannot overflow)."""
     tensor = bucket.buffer()
     group: Any = process_group if process_group is not None else dist.group.WORLD
-    options = _divide_for_average(group, tensor)
+    options, divisor = _divide_for_average(group, tensor)
     recorder, pending = patching.active_recorder(), None
     if recorder is not None:
         try:
@@ -38,25 +40,30 @@ def ddp_comm_hook(process_group: Any, bucket: Any) -> Any:
         except Exception as exc:  # fail-open: the all-reduce goes on untimed
             recorder._on_error(exc)
     fut = _start_all_reduce(group, tensor, options)
-    if recorder is None or pending is None:
-        return fut.then(_reduced)
     timed_by, op = recorder, pending
 
     def done(f: Any) -> Any:
-        timed_by.finish(op, sync=False)  # fail-open: finish never raises
-        return f.value()[0]
+        if op is not None and timed_by is not None:
+            timed_by.finish(op, sync=False)  # fail-open: finish never raises
+        reduced: torch.Tensor = f.value()[0]
+        return reduced.div_(divisor) if divisor > 1 else reduced
 
     return fut.then(done)
 
 
 # What DDP does to a bucket with or without a hook, in functions of their own so that a sampling
 # profile tells this work from the SDK's bookkeeping (bench/sdk_overhead.py).
-def _divide_for_average(group: Any, tensor: torch.Tensor) -> Any:
-    """The options that average over `group`, dividing `tensor` first where they only sum."""
+def _divide_for_average(group: Any, tensor: torch.Tensor) -> tuple[Any, int]:
+    """The options that average over `group`, and what the reduced bucket must still be
+    divided by: 1 where the backend averages (NCCL) or where `tensor` (float16, whose sum could
+    overflow) is divided here first, else the group's size."""
     options = _average_options(group)
-    if options.reduceOp != dist.ReduceOp.AVG:
+    if options.reduceOp == dist.ReduceOp.AVG:
+        return options, 1
+    if tensor.dtype == torch.float16:
         tensor.div_(group.size())
-    return options
+        return options, 1
+    return options, group.size()
 
 
 def _start_all_reduce(group: Any, tensor: torch.Tensor, options: Any) -> Any:
@@ -84,10 +91,6 @@ def _average_options(group: Any) -> Any:
     options.reduceOp = dist.ReduceOp(dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
     _AVERAGING[id(group)] = (group, options)
     return options
-
-
-def _reduced(fut: Any) -> Any:
-    return fut.value()[0]
 
 
 # DDP checks the hook's annotations at registration; with postponed evaluation they are strings.

@@ -16,8 +16,9 @@ same on every rank, a new one each round), so machine noise hits every mode and 
   - plain;
   - with the vigil SDK (init + watch + step + collective timing, JSONL output);
   - under torch.profiler (default activities, schedule wait=1 warmup=1 active=3);
-  - with torch's own default DDP comm hook alone: the floor of any Python comm hook, which
-    timing DDP's all-reduce needs;
+  - with torch's own default DDP comm hook alone (it divides each bucket on the training
+    thread before the all-reduce): what a Python comm hook, which timing DDP's all-reduce
+    needs, costs when it averages that way;
   - plain again: an A/A control; its ratio to plain is this machine's noise at this run length.
 Each block builds a fresh DDP model (same seed) and discards its first step. Ratios are median
 step time with / without (rank 0's clock; synchronous DDP makes ranks agree), per workload,
@@ -36,11 +37,18 @@ state is as cold in the caches as the others'. Per cycle, a step's training-thre
 (time.thread_time) less the mean of the two bare steps' is that step's extra cost; the medians
 over cycles are sdk_step_cpu_us and profiler_step_cpu_us (with bootstrap 90 % intervals), and
 sdk_cpu_share_of_profiler is their ratio. B less A (cpu_aa_us) is the method's own noise.
-The default hook's extra cost (hook_floor_step_cpu_us) is the floor of any Python comm hook,
-which timing DDP's all-reduce needs: DDP's C++ path folds the averaging into its copy of the
-gradients into the bucket, while a hook divides the bucket in a pass of its own (on CPU ranks a
-pass over every gradient byte; on GPUs one kernel launch). sdk_beyond_floor_cpu_us is the SDK's
-cost less that floor, per cycle (its share of the profiler's: sdk_beyond_floor_share_of_profiler).
+The default hook's extra cost (hook_floor_step_cpu_us) is what a Python comm hook costs the
+training thread when it divides the bucket there: DDP's C++ path folds the averaging into its
+copy of the gradients into the bucket, while torch's default hook divides the bucket in a pass
+of its own before the all-reduce (on CPU ranks a pass over every gradient byte; on GPUs one
+kernel launch). The SDK's hook divides a summed bucket in its completion callback instead, on
+gloo's thread, while backward goes on (NCCL averages in its kernel): that pass is in
+sdk_other_threads_cpu_us, not in sdk_step_cpu_us. sdk_beyond_floor_cpu_us is the SDK's cost
+less the default hook's, per cycle (its share of the profiler's:
+sdk_beyond_floor_share_of_profiler). All threads together, the SDK's CPU per step (training
+thread + other threads + its flusher) and the profiler's (training thread + other threads + its
+stop) are sdk_all_threads_cpu_us and profiler_all_threads_cpu_us, their ratio
+sdk_all_threads_share_of_profiler.
 Not in those figures, printed beside them: each kind's extra CPU on the process's other
 threads, less the SDK's own threads (for the SDK: its comm hook's completion callbacks, which
 gloo runs on its threads: sdk_other_threads_cpu_us; profiler_other_threads_cpu_us), the SDK's
@@ -63,7 +71,9 @@ same with a `_<name>` suffix for the others (sdk_overhead_ratio_40ms, ..._40ms_9
 sdk_step_cpu_us, profiler_step_cpu_us, sdk_cpu_share_of_profiler (and their intervals, `_90`),
 hook_floor_step_cpu_us, sdk_beyond_floor_cpu_us, sdk_beyond_floor_share_of_profiler (and
 their intervals), cpu_aa_us, sdk_other_threads_cpu_us, sdk_background_cpu_us,
-profiler_other_threads_cpu_us, profiler_stop_cpu_us, sdk_thread_pct, world and rounds.
+profiler_other_threads_cpu_us, profiler_stop_cpu_us, sdk_all_threads_cpu_us,
+profiler_all_threads_cpu_us, sdk_all_threads_share_of_profiler, sdk_thread_pct, world and
+rounds.
 --rounds 0 gives the CPU figures only.
 """
 
@@ -101,7 +111,7 @@ MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 # Step kinds of the in-place CPU measurement, each with a model of its own (so each model's
 # state is as cold in the caches as the others'): "plain" and "plain_b" are bare DDP models,
 # "sdk" is watched by the SDK, "profiler" is a bare one run under torch.profiler, "ddp_hook" has
-# torch's own default comm hook alone: the floor of any Python comm hook, which the SDK's includes.
+# torch's own default comm hook alone (dividing each bucket on the training thread).
 CPU_KINDS = ("plain", "plain_b", "sdk", "profiler", "ddp_hook")
 DEFAULT_WORKLOADS = ("250ms=256x128x10", "40ms=256x32x4")
 # Run lengths: (full, --quick); an explicit option wins over either.
@@ -534,6 +544,8 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     prof_other_us, _ = _median_interval(other["profiler"] - other_base)
     background_us = step_cpu["sdk_threads_s"] * 1e6
     stop_us = step_cpu["stop_s"] * 1e6
+    sdk_all_us = sdk_us + sdk_other_us + background_us
+    prof_all_us = prof_us + prof_other_us + stop_us
     plain_ms = float(np.median(base)) * 1e3
     print(
         f"\ntraining-thread CPU per step, in place (rank 0 alone, workload {w.name}, {cycles} "
@@ -554,10 +566,11 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
         "target <= 0.10"
     )
     print(
-        f"  torch's default DDP comm hook alone (the floor of any Python comm hook: DDP's C++ "
-        f"path folds the averaging into its gradient copy, a hook divides the bucket in a pass "
-        f"of its own): {floor_us:.0f} us (90% interval {floor_90[0]:.0f}-{floor_90[1]:.0f}); "
-        f"the SDK beyond that floor: {beyond_us:.0f} us (90% interval {beyond_90[0]:.0f}-"
+        f"  torch's default DDP comm hook alone (DDP's C++ path folds the averaging into its "
+        f"gradient copy; this hook divides the bucket on the training thread, in a pass of its "
+        f"own, where the SDK's divides it on gloo's thread): {floor_us:.0f} us (90% interval "
+        f"{floor_90[0]:.0f}-{floor_90[1]:.0f}); "
+        f"the SDK less that hook: {beyond_us:.0f} us (90% interval {beyond_90[0]:.0f}-"
         f"{beyond_90[1]:.0f}), {beyond_share:.3f} of the profiler's"
     )
     print(
@@ -566,10 +579,16 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     )
     print(
         f"  not in those figures: the SDK on other threads, {sdk_other_us:.0f} us per step (its "
-        f"comm hook's completion callbacks, run on gloo's threads), and its flusher thread, "
+        f"comm hook's completion callbacks and their division of each summed bucket, run on "
+        f"gloo's threads), and its flusher thread, "
         f"{background_us:.0f} us per SDK step at this step rate; the profiler on other threads, "
         f"{prof_other_us:.0f} us per step, and its stop (collecting the step's events, on the "
         f"training thread), {stop_us:.0f} us per profiled step"
+    )
+    print(
+        f"  all threads together: the SDK {sdk_all_us:.0f} us per step, the profiler "
+        f"{prof_all_us:.0f} us per step (its stop counted whole: a schedule spreads it over its "
+        f"active steps); {sdk_all_us / prof_all_us:.3f}"
     )
     return {
         "sdk_step_cpu_us": round(sdk_us, 1),
@@ -588,6 +607,9 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
         "sdk_background_cpu_us": round(background_us, 1),
         "profiler_other_threads_cpu_us": round(prof_other_us, 1),
         "profiler_stop_cpu_us": round(stop_us, 1),
+        "sdk_all_threads_cpu_us": round(sdk_all_us, 1),
+        "profiler_all_threads_cpu_us": round(prof_all_us, 1),
+        "sdk_all_threads_share_of_profiler": round(sdk_all_us / prof_all_us, 4),
     }
 
 
