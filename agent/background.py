@@ -48,6 +48,7 @@ class EndedStep(NamedTuple):
     aggs: collectives.StepAggregates
     spans: dict[str, float]
     mfu: float
+    cpu_wait_s: float = 0.0  # the training thread's wait for a CPU over the step (cpuwait.py)
 
 
 class Background:
@@ -160,6 +161,7 @@ class Background:
                     mfu=e.mfu,
                     loss=loss_value(e.loss),
                     peak_memory_bytes=self.peak_memory_bytes,
+                    cpu_wait_s=e.cpu_wait_s,
                 )
             )
             self._queue.extend(

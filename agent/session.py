@@ -33,6 +33,7 @@ from vigil.agent import (
     background,
     collectives,
     config,
+    cpuwait,
     ddp_hook,
     mfu,
     patching,
@@ -127,6 +128,8 @@ class Session:
         self.current_step = -1
         self._in_step = False
         self._step_start = 0.0
+        self._cpu_wait = cpuwait.ThreadCpuWait()
+        self._cpu_wait_start = 0.0
         self._spans: dict[str, float] = collections.defaultdict(float)
         self._callbacks: dict[str, list[Callable[[], Any]]] = collections.defaultdict(list)
         self._requests: collections.deque[str] = collections.deque()
@@ -336,6 +339,7 @@ class Session:
 
             self._flop_mode = FlopCounterMode(display=False)
             self._flop_mode.__enter__()
+        self._cpu_wait_start = self._cpu_wait.read()
         now = self._clock()
         self._step_start = now
         self.page.progress(_COMPUTE, now_mono=now, now_wall=now + self._wall_offset, step=step)
@@ -344,6 +348,7 @@ class Session:
     def end_step(self, handle: StepHandle) -> None:
         """Close the step: page and hang history now, the records later (flusher thread)."""
         end = self._clock()
+        cpu_wait_s = max(0.0, self._cpu_wait.read() - self._cpu_wait_start)
         self._in_step = False
         if self._flop_mode is not None:
             self._learn_flops(handle.tokens)
@@ -372,7 +377,7 @@ class Session:
         ended.append(
             background.EndedStep(
                 handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
-                blocked_s, aggs, spans, util,
+                blocked_s, aggs, spans, util, cpu_wait_s,
             )
         )  # fmt: skip
         if self._cuda_device is None and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -506,6 +511,7 @@ class Session:
                 faulthandler.unregister(self.cfg.stack_signal)
             self._stacks_file.close()
         self.background.close()
+        self._cpu_wait.close()
         self.page.close()
         if state is schema.RankState.FINISHED:
             self._release_run_dir()

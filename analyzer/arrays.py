@@ -66,6 +66,8 @@ class StepArrays:
     # Or, in their place, what the slow-link detector reads of them: per (row, key) cell its
     # transfer time (`attribution.group_transfer`), kept per row by the streaming window.
     transfers: attribution.GroupTransfer | None = None
+    # The training thread's wait for a CPU (StepRecord.cpu_wait_s; 0 unknown); None: not known.
+    cpu_wait_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -85,12 +87,16 @@ class StepArrays:
         return int(self.ranks.size)
 
     def compute_s(self) -> F32:
-        """Compute time per rank and step: step time minus exposed comm wait and data time.
+        """Compute time per rank and step: step time minus exposed comm wait, data time and
+        the training thread's wait for a CPU (the host's time, not the rank's work: on a host
+        with more busy threads than cores it is most of the ranks' step-to-step spread).
 
         Computed once and cached: treat the arrays as read-only after the first call.
         """
         if self._compute is None:
             out = self.step_time_s - self.comm_wait_s - self.data_s
+            if self.cpu_wait_s is not None:
+                out -= np.nan_to_num(self.cpu_wait_s)
             np.maximum(out, 0.0, out=out)
             self._compute = out
         return self._compute
@@ -177,6 +183,7 @@ def _assemble(
                 s.tokens,
                 s.mfu,
                 s.model_flops,
+                s.cpu_wait_s,
             )
             for s in steps
         ],
@@ -231,6 +238,7 @@ def _assemble(
         agg_keys=tuple(sorted(keys, key=keys.__getitem__)),
         tokens=scatter(raw[:, 6]),
         mfu=scatter(mfu),
+        cpu_wait_s=scatter(raw[:, 9]),
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,

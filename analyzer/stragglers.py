@@ -258,7 +258,7 @@ def _arrival_evidence(a: arrays_mod.StepArrays, rows: slice, col: int) -> list[s
     wait = float(np.nanmedian(a.comm_wait_s[rows, col]))
     with np.errstate(all="ignore"):
         wait_med = float(np.nanmedian(np.nanmedian(a.comm_wait_s[rows], axis=1)))
-    return [
+    out = [
         findings.evidence(
             "arrived_last_share",
             last_share,
@@ -269,6 +269,21 @@ def _arrival_evidence(a: arrays_mod.StepArrays, rows: slice, col: int) -> list[s
             "comm_wait_time", wait, wait_med, unit="s", note="the straggler waits least"
         ),
     ]
+    cpu_wait = a.cpu_wait_s
+    if cpu_wait is not None and np.nan_to_num(cpu_wait[rows]).any():
+        with np.errstate(all="ignore"):
+            mine = float(np.nanmedian(cpu_wait[rows, col]))
+            peers = float(np.nanmedian(np.nanmedian(cpu_wait[rows], axis=1)))
+        out.append(
+            findings.evidence(
+                "cpu_wait_time",
+                mine,
+                peers,
+                unit="s",
+                note="waiting for a CPU (the host's time), left out of compute_time",
+            )
+        )
+    return out
 
 
 def _throttle_note(

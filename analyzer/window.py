@@ -30,6 +30,7 @@ _PICK = [
         "tokens",
         "mfu",
         "model_flops",
+        "cpu_wait_s",
     )
 ]
 _FIELDS = (
@@ -43,6 +44,7 @@ _FIELDS = (
     "throttled",
     "wait_s",
     "hidden_wait_s",
+    "cpu_wait_s",
 )
 # Filled from collective aggregates by attribution, per row, when a row is viewed.
 _ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
@@ -178,6 +180,7 @@ class StepWindow:
         d["comm_wait_s"][row, col] = values[:, 5]
         d["tokens"][row, col] = values[:, 6]
         d["mfu"][row, col] = mfu
+        d["cpu_wait_s"][row, col] = values[:, 9]
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
@@ -319,6 +322,7 @@ class StepWindow:
             agg_keys=tuple(sorted(self._keys, key=self._keys.__getitem__)),
             tokens=d["tokens"],
             mfu=d["mfu"],
+            cpu_wait_s=d["cpu_wait_s"],
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),

@@ -83,6 +83,7 @@ class StepPublic(BaseModel):
     mfu: float | None
     loss: float | None
     peak_memory_bytes: int
+    cpu_wait_s: float | None = None
 
 
 class RankAggregatePublic(BaseModel):

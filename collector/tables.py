@@ -90,6 +90,8 @@ step_records = Table(
     Column("mfu", Double, nullable=False),
     Column("loss", Double, nullable=True),
     Column("peak_memory_bytes", BigInteger, nullable=False),
+    # Added by revision 0007: the training thread's wait for a CPU (0 in older rows).
+    Column("cpu_wait_s", Double, nullable=False, server_default="0"),
 )
 
 # Rank-major columns of one step's chunk of 1,024 ranks (little-endian float64 arrays indexed by

@@ -180,6 +180,9 @@ class StepRecord(_Record, tag="step", kw_only=True):
     mfu: NonNegFloat = 0.0
     loss: float | None = None
     peak_memory_bytes: NonNegInt = 0
+    # Of the step's time, how long the training thread was ready to run but waited for a CPU
+    # (Linux schedstat; 0 where unknown): the host's, not the rank's own work.
+    cpu_wait_s: NonNegFloat = 0.0
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:

@@ -1,0 +1,114 @@
+"""The training thread's wait for a CPU, read from Linux's per-thread schedstat, reaches the
+step record: near zero on an idle core, the time a competing process held the core otherwise.
+
+The contention is real: a busy child process pinned to the core this thread is pinned to, while
+the thread spins through a step. The kernel then shares the core between them, so the thread
+waits for about half the step.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import vigil.agent
+from vigil import codec, schema
+from vigil.agent import cpuwait
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux schedstat"
+)
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds  # CPU seconds: the spin does the same work either way
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.fixture
+def one_core() -> Iterator[int]:
+    """This thread pinned to one core (restored after)."""
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    yield core
+    os.sched_setaffinity(0, before)
+
+
+def _hog(core: int) -> subprocess.Popen[bytes]:
+    code = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def test_the_wait_grows_only_while_another_process_holds_the_core(one_core: int) -> None:
+    wait = cpuwait.ThreadCpuWait()
+    start = wait.read()
+    _spin(0.2)
+    alone = wait.read() - start
+    hog = _hog(one_core)
+    try:
+        time.sleep(0.2)  # the hog is running
+        start = wait.read()
+        _spin(0.3)
+        shared = wait.read() - start
+    finally:
+        hog.kill()
+        hog.wait()
+    wait.close()
+    assert alone < 0.05
+    assert shared > 0.1  # about 0.3 s: the hog's half of the core while this thread spun
+
+
+def test_a_read_from_another_thread_reads_that_thread(one_core: int) -> None:
+    wait = cpuwait.ThreadCpuWait()
+    main = wait.read()
+    seen: list[float] = []
+    thread = threading.Thread(target=lambda: seen.append(wait.read()))
+    thread.start()
+    thread.join()
+    assert seen and seen[0] <= main + 0.05  # a fresh thread has waited next to nothing
+    wait.close()
+
+
+def test_without_schedstat_the_wait_is_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpuwait, "_PATH", "/proc/thread-self/no-such-file")
+    wait = cpuwait.ThreadCpuWait()
+    assert (wait.read(), wait.available) == (0.0, False)
+
+
+def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: int) -> None:
+    vigil.agent.init(
+        job="cpuwait",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=0.05,
+    )
+    try:
+        with vigil.agent.step(0):
+            _spin(0.2)
+        hog = _hog(one_core)
+        try:
+            time.sleep(0.2)
+            with vigil.agent.step(1):
+                _spin(0.3)
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        vigil.agent.shutdown()
+    path = tmp_path / "out" / "cpuwait" / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    steps = {r.step: r for r in records if isinstance(r, schema.StepRecord)}
+    assert steps[0].cpu_wait_s < 0.05
+    assert 0.1 < steps[1].cpu_wait_s < steps[1].step_time_s

@@ -1,0 +1,83 @@
+"""A rank's wait for a CPU is the host's time, not its work: the analyzer leaves it out of
+compute, offline and streaming, and shows it as evidence when the rank is a straggler anyway.
+
+Four ranks, 40 steps of 100 ms with ±3 % noise; rank 2 is 30 ms a step longer from step 10.
+Told that those 30 ms were spent waiting for a CPU (`cpu_wait_s`), no finding names it; told
+nothing, or that only a little of it was, it is a straggler.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vigil import schema
+from vigil.analyzer import engine, streaming
+
+RANKS, STEPS, STEP_S, EXTRA_S = 4, 40, 0.1, 0.03
+
+
+def _records(cpu_wait_of_extra: float) -> list[schema.Record]:
+    rng = random.Random(7)
+    out: list[schema.Record] = []
+    for step in range(STEPS):
+        for rank in range(RANKS):
+            extra = EXTRA_S if rank == 2 and step >= 10 else 0.0
+            seconds = STEP_S * (1 + rng.uniform(-0.03, 0.03)) + extra
+            start = 1000.0 + step * 0.2
+            out.append(
+                schema.StepRecord(
+                    job_id="j",
+                    rank=rank,
+                    step=step,
+                    start_s=start,
+                    end_s=start + seconds,
+                    cpu_wait_s=0.002 + extra * cpu_wait_of_extra,
+                )
+            )
+    return out
+
+
+def _stragglers(found: list[schema.Finding]) -> list[list[int]]:
+    return [f.subjects.ranks for f in found if f.kind == schema.FindingKind.STRAGGLER]
+
+
+def _streamed(records: list[schema.Record]) -> list[schema.Finding]:
+    analyzer = streaming.StreamingAnalyzer()
+    found: list[schema.Finding] = []
+    for step in range(STEPS):  # a step's records as a collector receives them
+        found += analyzer.observe([r for r in records if getattr(r, "step", -1) == step])
+    return found
+
+
+@pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
+def test_time_waiting_for_a_cpu_does_not_make_a_straggler(analyze) -> None:  # type: ignore[no-untyped-def]
+    assert analyze(_records(cpu_wait_of_extra=1.0)) == []
+
+
+@pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
+def test_a_rank_slow_beyond_its_cpu_wait_is_a_straggler_with_that_wait_as_evidence(  # type: ignore[no-untyped-def]
+    analyze,
+) -> None:
+    found = analyze(_records(cpu_wait_of_extra=0.2))
+    assert _stragglers(found) == [[2]]
+    (straggler,) = [f for f in found if f.kind == schema.FindingKind.STRAGGLER]
+    cpu = {e.metric: e for e in straggler.evidence}["cpu_wait_time"]
+    assert cpu.observed == pytest.approx(0.002 + EXTRA_S * 0.2, rel=1e-3)
+    assert cpu.baseline == pytest.approx(0.002, rel=1e-3)
+    compute = straggler.evidence[0]
+    assert compute.metric == "compute_time"
+    assert compute.observed == pytest.approx(STEP_S + EXTRA_S - (0.002 + EXTRA_S * 0.2), abs=0.004)
+
+
+def test_records_without_cpu_wait_are_judged_as_before() -> None:
+    records = [
+        schema.StepRecord(**{**_plain(r), "cpu_wait_s": 0.0}) for r in _records(1.0)
+    ]  # an older SDK: the field is absent, so 0
+    assert _stragglers(engine.analyze_records(records)) == [[2]]
+
+
+def _plain(record: schema.Record) -> dict[str, object]:
+    assert isinstance(record, schema.StepRecord)
+    return {f: getattr(record, f) for f in record.__struct_fields__}
