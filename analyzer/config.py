@@ -49,6 +49,12 @@ class StragglerConfig:
     scale_floor: float = 0.005
     # Data-loader time counts only when it is at least this share of the step time.
     min_data_share: float = 0.05
+    # A rank's wait for a CPU (StepRecord.cpu_wait_s) makes it a straggler only when it exceeds
+    # its peers' by this share of the step, with the z and persistence above: busy processes
+    # in one rank's session (the kernel's autogroup gives them that rank's share) took 29-50 %
+    # of its step on real jobs, while a busy process on every core, in sessions of its own,
+    # moved clean ranks' waits between 1 % and 42 % of the step, never one rank persistently.
+    min_cpu_wait_share: float = 0.10
     # ... or when a process group moves its bytes this many times slower than the median of its
     # peer groups (links.py): shared links and jitter move groups alike; 1.5x is a broken
     # link, a congested switch port or a NIC at a fraction of its rate.
@@ -66,6 +72,7 @@ class StragglerConfig:
         _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
         _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
+        _require(0 <= self.min_cpu_wait_share < 1, "min_cpu_wait_share must be in [0, 1)")
         _require(self.link_ratio > 1, f"link_ratio must be > 1, got {self.link_ratio}")
 
 

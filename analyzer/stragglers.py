@@ -43,6 +43,10 @@ class Scores:
     data: robust.BoolArray
     data_z: robust.FloatArray
     seqlen_explained: robust.BoolArray
+    # A rank waiting for a CPU far longer than its peers (another process on its host takes its
+    # CPU time): a straggler too, whose cause is the host (`StepArrays.cpu_wait_s`).
+    cpu: robust.BoolArray
+    cpu_z: robust.FloatArray
 
     def rows(self, start: int, stop: int) -> Scores:
         """The scores of rows [start, stop) (views, not copies)."""
@@ -51,10 +55,15 @@ class Scores:
         )
 
     def flags(self, kind: schema.FindingKind) -> robust.BoolArray:
-        return {Kind.STRAGGLER: self.compute, Kind.DATA_STALL: self.data}[kind]
+        if kind is Kind.STRAGGLER:
+            return self.compute | self.cpu
+        return self.data
 
     def z(self, kind: schema.FindingKind) -> robust.FloatArray:
-        return {Kind.STRAGGLER: self.compute_z, Kind.DATA_STALL: self.data_z}[kind]
+        if kind is Kind.STRAGGLER:
+            with np.errstate(invalid="ignore"):
+                return np.fmax(self.compute_z, self.cpu_z)
+        return self.data_z
 
 
 RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL)
@@ -103,6 +112,16 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     d_flags, d_z, _ = outliers(data)
     with np.errstate(invalid="ignore"):
         d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
+    if a.cpu_wait_s is not None and np.nan_to_num(a.cpu_wait_s).any():
+        cpu_flags, cpu_z, _ = robust.high_outliers(
+            smooth(a.cpu_wait_s),
+            z_threshold=z,
+            min_excess=cfg.min_cpu_wait_share,
+            scale_floor=floor,
+            reference=step_time,
+        )
+    else:
+        cpu_flags, cpu_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
     # A rank slowed by its own data loader is not also a compute straggler.
     return Scores(
         compute=c_flags & ~d_flags,
@@ -111,6 +130,8 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         data=d_flags,
         data_z=d_z,
         seqlen_explained=explained,
+        cpu=cpu_flags & ~d_flags,
+        cpu_z=cpu_z,
     )
 
 
@@ -179,7 +200,9 @@ def rank_finding(
     rank = int(a.ranks[col])
     flags = scores.flags(kind)[rows, col]
     z = float(np.nanmedian(scores.z(kind)[rows, col][flags])) if flags.any() else 0.0
-    values, label = _signal(a, kind)
+    # A straggler flagged more for its wait for a CPU than for its compute: the host's cause.
+    starved = kind is Kind.STRAGGLER and _starved(a, scores, rows, col)
+    values, label = _signal(a, kind, starved=starved)
     observed = float(np.nanmedian(values[rows, col]))
     with np.errstate(all="ignore"):
         baseline = float(np.nanmedian(np.nanmedian(values[rows], axis=1)))
@@ -201,6 +224,8 @@ def rank_finding(
     ratio = observed / baseline if baseline > 0 else float("inf")
     node = a.nodes[col]
     what = {Kind.STRAGGLER: "compute straggler", Kind.DATA_STALL: "data-loader stall"}[kind]
+    if starved:
+        what = "straggler waiting for a CPU (another process on its host takes its CPU time)"
     summary = (
         f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
         + (_held_up(a, col) if kind is Kind.STRAGGLER else "")
@@ -239,8 +264,17 @@ def _held_up(a: arrays_mod.StepArrays, col: int) -> str:
     return "; it holds up " + " and ".join(described)
 
 
-def _signal(a: arrays_mod.StepArrays, kind: schema.FindingKind) -> tuple[robust.FloatArray, str]:
+def _starved(a: arrays_mod.StepArrays, scores: Scores, rows: slice, col: int) -> bool:
+    cpu = int(scores.cpu[rows, col].sum())
+    return a.cpu_wait_s is not None and cpu > int(scores.compute[rows, col].sum())
+
+
+def _signal(
+    a: arrays_mod.StepArrays, kind: schema.FindingKind, *, starved: bool = False
+) -> tuple[robust.FloatArray, str]:
     if kind is Kind.STRAGGLER:
+        if starved and a.cpu_wait_s is not None:
+            return a.cpu_wait_s, "cpu_wait_time"
         return a.compute_s(), "compute_time"
     return a.data_s, "data_time"
 

@@ -1,9 +1,11 @@
 """A rank's wait for a CPU is the host's time, not its work: the analyzer leaves it out of
 compute, offline and streaming, and shows it as evidence when the rank is a straggler anyway.
 
-Four ranks, 40 steps of 100 ms with ±3 % noise; rank 2 is 30 ms a step longer from step 10.
-Told that those 30 ms were spent waiting for a CPU (`cpu_wait_s`), no finding names it; told
-nothing, or that only a little of it was, it is a straggler.
+Four ranks, 40 steps of 100 ms with ±3 % noise; rank 2 is longer from step 10. 8 ms longer,
+all of it waiting for a CPU (`cpu_wait_s`): no finding names it (its compute is its peers', and
+its wait is below `min_cpu_wait_share` of the step); told nothing, it is a compute straggler.
+30 ms longer of which a fifth is CPU wait: a compute straggler with its wait as evidence. A rank
+waiting for a CPU 40 % of its step is a straggler whose cause is its host.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from vigil.analyzer import engine, streaming
 RANKS, STEPS, STEP_S, EXTRA_S = 4, 40, 0.1, 0.03
 
 
-def _records(cpu_wait_of_extra: float) -> list[schema.Record]:
+def _records(cpu_wait_of_extra: float, extra_s: float = EXTRA_S) -> list[schema.Record]:
     rng = random.Random(7)
     out: list[schema.Record] = []
     for step in range(STEPS):
         for rank in range(RANKS):
-            extra = EXTRA_S if rank == 2 and step >= 10 else 0.0
+            extra = extra_s if rank == 2 and step >= 10 else 0.0
             seconds = STEP_S * (1 + rng.uniform(-0.03, 0.03)) + extra
             start = 1000.0 + step * 0.2
             out.append(
@@ -53,7 +55,7 @@ def _streamed(records: list[schema.Record]) -> list[schema.Finding]:
 
 @pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
 def test_time_waiting_for_a_cpu_does_not_make_a_straggler(analyze) -> None:  # type: ignore[no-untyped-def]
-    assert analyze(_records(cpu_wait_of_extra=1.0)) == []
+    assert analyze(_records(cpu_wait_of_extra=1.0, extra_s=0.008)) == []
 
 
 @pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
@@ -73,7 +75,7 @@ def test_a_rank_slow_beyond_its_cpu_wait_is_a_straggler_with_that_wait_as_eviden
 
 def test_records_without_cpu_wait_are_judged_as_before() -> None:
     records = [
-        schema.StepRecord(**{**_plain(r), "cpu_wait_s": 0.0}) for r in _records(1.0)
+        schema.StepRecord(**{**_plain(r), "cpu_wait_s": 0.0}) for r in _records(1.0, 0.008)
     ]  # an older SDK: the field is absent, so 0
     assert _stragglers(engine.analyze_records(records)) == [[2]]
 
@@ -81,3 +83,35 @@ def test_records_without_cpu_wait_are_judged_as_before() -> None:
 def _plain(record: schema.Record) -> dict[str, object]:
     assert isinstance(record, schema.StepRecord)
     return {f: getattr(record, f) for f in record.__struct_fields__}
+
+
+def _starved_records() -> list[schema.Record]:
+    """Rank 1 waits for a CPU 40 % of its step from step 10 (a process in its session takes its
+    CPU time); its own compute is its peers'. Every rank also waits a little, unevenly."""
+    rng = random.Random(11)
+    out: list[schema.Record] = []
+    for step in range(STEPS):
+        for rank in range(RANKS):
+            wait = STEP_S * rng.uniform(0.02, 0.08)
+            if rank == 1 and step >= 10:
+                wait += 0.4 * STEP_S
+            seconds = STEP_S * (1 + rng.uniform(-0.03, 0.03)) + wait
+            start = 1000.0 + step * 0.2
+            out.append(
+                schema.StepRecord(
+                    job_id="j", rank=rank, step=step, start_s=start, end_s=start + seconds,
+                    cpu_wait_s=wait,
+                )
+            )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
+def test_a_rank_starved_of_cpu_is_a_straggler_whose_cause_is_its_host(analyze) -> None:  # type: ignore[no-untyped-def]
+    found = analyze(_starved_records())
+    assert _stragglers(found) == [[1]]
+    (straggler,) = found
+    head = straggler.evidence[0]
+    assert head.metric == "cpu_wait_time"
+    assert head.observed > 4 * (head.baseline or 0.0)
+    assert "waiting for a CPU" in straggler.summary
