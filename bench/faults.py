@@ -435,6 +435,14 @@ def report(scores: list[Score]) -> None:
                 f"{'k' if s.kind_ok else ' '} {s.latency_steps!s:>4} {s.latency_s!s:>6} [{kinds}]"
             )
         print(f"  {job:<34} " + " | ".join(cells))
+    wrong = [(s, f) for s in scores if s.spec.kind == "clean" for f in s.findings]
+    if wrong:  # what a false alarm said, so that its cause can be read from this log
+        print("\nfindings on clean jobs:")
+        for s, f in wrong:
+            evidence = "; ".join(
+                f"{e['metric']} {e['observed']:.4g} vs {e.get('baseline')}" for e in f["evidence"]
+            )
+            print(f"  {s.spec.job} ({s.mode}): {f['summary']} [{evidence}]")
     print()
     groups: dict[str, list[Score]] = defaultdict(list)
     wrappers: dict[str, list[Score]] = defaultdict(list)
