@@ -112,7 +112,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     d_flags, d_z, _ = outliers(data)
     with np.errstate(invalid="ignore"):
         d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
-    if a.cpu_wait_s is not None and np.nan_to_num(a.cpu_wait_s).any():
+    if a.cpu_wait_s is not None and _reports_cpu_wait(a.cpu_wait_s):
         cpu_flags, cpu_z, _ = robust.high_outliers(
             smooth(a.cpu_wait_s),
             z_threshold=z,
@@ -264,9 +264,13 @@ def _held_up(a: arrays_mod.StepArrays, col: int) -> str:
     return "; it holds up " + " and ".join(described)
 
 
+def _reports_cpu_wait(cpu_wait: robust.FloatArray) -> bool:
+    """Whether any rank reported a wait for a CPU (NaN compares false: no copy needed)."""
+    return bool((cpu_wait > 0).any())
+
+
 def _starved(a: arrays_mod.StepArrays, scores: Scores, rows: slice, col: int) -> bool:
-    cpu = int(scores.cpu[rows, col].sum())
-    return a.cpu_wait_s is not None and cpu > int(scores.compute[rows, col].sum())
+    return int(scores.cpu[rows, col].sum()) > int(scores.compute[rows, col].sum())
 
 
 def _signal(
@@ -304,7 +308,7 @@ def _arrival_evidence(a: arrays_mod.StepArrays, rows: slice, col: int) -> list[s
         ),
     ]
     cpu_wait = a.cpu_wait_s
-    if cpu_wait is not None and np.nan_to_num(cpu_wait[rows]).any():
+    if cpu_wait is not None and _reports_cpu_wait(cpu_wait[rows]):
         with np.errstate(all="ignore"):
             mine = float(np.nanmedian(cpu_wait[rows, col]))
             peers = float(np.nanmedian(np.nanmedian(cpu_wait[rows], axis=1)))

@@ -546,6 +546,7 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     stop_us = step_cpu["stop_s"] * 1e6
     sdk_all_us = sdk_us + sdk_other_us + background_us
     prof_all_us = prof_us + prof_other_us + stop_us
+    all_share = sdk_all_us / prof_all_us if prof_all_us > 0 else float("nan")
     plain_ms = float(np.median(base)) * 1e3
     print(
         f"\ntraining-thread CPU per step, in place (rank 0 alone, workload {w.name}, {cycles} "
@@ -588,7 +589,7 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
     print(
         f"  all threads together: the SDK {sdk_all_us:.0f} us per step, the profiler "
         f"{prof_all_us:.0f} us per step (its stop counted whole: a schedule spreads it over its "
-        f"active steps); {sdk_all_us / prof_all_us:.3f}"
+        f"active steps); {all_share:.3f}"
     )
     return {
         "sdk_step_cpu_us": round(sdk_us, 1),
@@ -609,7 +610,7 @@ def _cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str,
         "profiler_stop_cpu_us": round(stop_us, 1),
         "sdk_all_threads_cpu_us": round(sdk_all_us, 1),
         "profiler_all_threads_cpu_us": round(prof_all_us, 1),
-        "sdk_all_threads_share_of_profiler": round(sdk_all_us / prof_all_us, 4),
+        "sdk_all_threads_share_of_profiler": round(all_share, 4),
     }
 
 

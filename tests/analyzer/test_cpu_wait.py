@@ -11,6 +11,7 @@ waiting for a CPU 40 % of its step is a straggler whose cause is its host.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +19,7 @@ from vigil import schema
 from vigil.analyzer import engine, streaming
 
 RANKS, STEPS, STEP_S, EXTRA_S = 4, 40, 0.1, 0.03
+Analyze = Callable[[list[schema.Record]], list[schema.Finding]]
 
 
 def _records(cpu_wait_of_extra: float, extra_s: float = EXTRA_S) -> list[schema.Record]:
@@ -54,13 +56,13 @@ def _streamed(records: list[schema.Record]) -> list[schema.Finding]:
 
 
 @pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
-def test_time_waiting_for_a_cpu_does_not_make_a_straggler(analyze) -> None:  # type: ignore[no-untyped-def]
+def test_time_waiting_for_a_cpu_does_not_make_a_straggler(analyze: Analyze) -> None:
     assert analyze(_records(cpu_wait_of_extra=1.0, extra_s=0.008)) == []
 
 
 @pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
-def test_a_rank_slow_beyond_its_cpu_wait_is_a_straggler_with_that_wait_as_evidence(  # type: ignore[no-untyped-def]
-    analyze,
+def test_a_rank_slow_beyond_its_cpu_wait_is_a_straggler_with_that_wait_as_evidence(
+    analyze: Analyze,
 ) -> None:
     found = analyze(_records(cpu_wait_of_extra=0.2))
     assert _stragglers(found) == [[2]]
@@ -107,7 +109,7 @@ def _starved_records() -> list[schema.Record]:
 
 
 @pytest.mark.parametrize("analyze", [engine.analyze_records, _streamed], ids=["offline", "online"])
-def test_a_rank_starved_of_cpu_is_a_straggler_whose_cause_is_its_host(analyze) -> None:  # type: ignore[no-untyped-def]
+def test_a_rank_starved_of_cpu_is_a_straggler_whose_cause_is_its_host(analyze: Analyze) -> None:
     found = analyze(_starved_records())
     assert _stragglers(found) == [[1]]
     (straggler,) = found
