@@ -8,6 +8,9 @@ there is one); a rank flagged in `min_hits` of the last `window` steps is report
 `warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
 throttling noted from NVML clocks), data-loader stalls, and compute that only follows a larger
 share of tokens (sequence-length imbalance, reported for the job rather than the rank).
+A flagged rank must also hold its peers up: its smoothed communication wait may not exceed its
+peers' median (a straggler arrives last and waits least); a rank flagged for CPU wait must also be
+late, its compute plus that wait an outlier as compute is.
 Pipeline-stage imbalance lives in `imbalance.py`; slow links in `links.py`, which compares process
 groups with their peer groups.
 No rank is judged by its own transfer time: it is its groups' (attribution.py, the shortest
@@ -113,15 +116,31 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     with np.errstate(invalid="ignore"):
         d_flags &= data > cfg.min_data_share * a.step_time_s[rows]
     if a.cpu_wait_s is not None and _reports_cpu_wait(a.cpu_wait_s):
+        cpu_wait = smooth(a.cpu_wait_s)
         cpu_flags, cpu_z, _ = robust.high_outliers(
-            smooth(a.cpu_wait_s),
+            cpu_wait,
             z_threshold=z,
             min_excess=cfg.min_cpu_wait_share,
             scale_floor=floor,
             reference=step_time,
         )
+        # ... and only when it makes the rank late: its compute plus that wait stands out as
+        # compute does. A rank that waits for a CPU while a slow peer holds the job (its
+        # wait then costs nothing: it would wait for that peer anyway) is no straggler.
+        late, _, _ = outliers(smooth(a.compute_s() + np.nan_to_num(a.cpu_wait_s)), stages)
+        cpu_flags &= late
     else:
         cpu_flags, cpu_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
+    # A straggler holds its peers up: they wait for it at the step's collectives and it waits
+    # least. A rank whose compute or CPU wait only looks high (a measurement that double counts,
+    # e.g. CPU wait spent inside an asynchronous collective) while it waits as long as its peers'
+    # median, or longer, holds nobody up and is no straggler.
+    wait = smooth(a.comm_wait_s)
+    center, _ = robust.robust_center_scale(wait, scale_floor=floor, groups=stages)
+    with np.errstate(invalid="ignore"):
+        held = ~(wait > center)  # NaN (no wait measured) does not clear a rank
+    c_flags &= held
+    cpu_flags &= held
     # A rank slowed by its own data loader is not also a compute straggler.
     return Scores(
         compute=c_flags & ~d_flags,
