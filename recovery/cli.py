@@ -250,13 +250,14 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(demo.describe(rows) + "\n")
     table = Table(title=f"vigil demo: {time.monotonic() - started:.0f} s")
-    for column in ("fault", "detected after (s)", "culprit", "action", "diagnosis",
+    for column in ("fault", "detected after s (steps)", "culprit", "action", "diagnosis",
                    "time to recover (s)", "steps lost", "ok"):  # fmt: skip
         table.add_column(column)
     for row in rows:
         table.add_row(
             row.fault,
-            _num(row.detected_after_s),
+            _num(row.detected_after_s)
+            + ("" if row.detected_after_steps is None else f" ({row.detected_after_steps})"),
             f"{row.culprit} (expected {row.expected_culprit})",
             row.action,
             row.diagnosis,

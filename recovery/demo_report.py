@@ -35,6 +35,9 @@ class FaultRow:
     steps_lost: int | None
     # The diagnose action's verdict per node ("node-1: pass"), "-" when none ran.
     diagnosis: str = "-"
+    # Steps rank 0 ended between the onset and the finding: the evidence a finding waited for,
+    # which (unlike seconds) a loaded host does not stretch.
+    detected_after_steps: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,6 +99,7 @@ def build_rows(
                 recover_s=recover_s,
                 steps_lost=lost,
                 diagnosis="; ".join(verdict_of(a) for a in diagnosed) or "-",
+                detected_after_steps=_steps_between(steps, attempt, onset, finding.detected_s),
             )
         )
     return rows
@@ -118,6 +122,15 @@ def _onset(steps: Sequence[Mapping[str, Any]], attempt: int, fault_step: int) ->
     """When the fault fired: the end of the step before it, in the attempt it fires in."""
     ends = [s["end_s"] for s in steps if s["attempt"] == attempt and s["step"] == fault_step - 1]
     return min(ends) if ends else None
+
+
+def _steps_between(
+    steps: Sequence[Mapping[str, Any]], attempt: int, start: float | None, end: float
+) -> int | None:
+    """How many of the attempt's steps ended after `start` and by `end`."""
+    if start is None:
+        return None
+    return sum(1 for s in steps if s["attempt"] == attempt and start < s["end_s"] <= end)
 
 
 def _first_finding(

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-# Seconds from each fault's onset to its finding. A quick run on a quiet machine shows
-# 5.5 / 3.6 / 0.1 (the straggler starts after the job's 8 start-up steps, and a loaded 2-core
-# host stretches its ~8 slow steps of evidence to ~9 s); each bound leaves about 2x that and is
-# broken by the regression it guards: a straggler needs ~8 slow steps of evidence; a hang is due
-# after the learned threshold (its 2 s floor at these step times) plus a heartbeat; a crash is
-# known from the rank's last word at once (without it, only after 5 s of silent heartbeats).
-DETECTED_WITHIN_S = {"straggler": 12.0, "hang": 5.0, "crash": 2.0}
+# How soon each finding must come. A straggler is judged in steps: it needs ~8 slow steps of
+# evidence (a quick run on a quiet machine names it 8 steps, ~10 s, after its onset), and a loaded
+# 2-core host stretches those steps, not their count; 12 steps is broken by the regression it
+# guards (evidence that needs more steps). A hang is due after the learned threshold (its 2 s
+# floor at these step times) plus a heartbeat; a crash is known from the rank's last word at once
+# (without it, only after 5 s of silent heartbeats): quiet runs show 3.7 s and 0.2 s.
+STRAGGLER_WITHIN_STEPS = 12
+DETECTED_WITHIN_S = {"hang": 5.0, "crash": 2.0}
 
 
 @pytest.mark.e2e
@@ -39,7 +40,11 @@ def test_quick_demo_finds_names_and_recovers_three_faults(tmp_path: Path) -> Non
         row = rows[fault]
         assert row["culprit"] == f"rank {rank}", row
         detected = row["detected_after_s"]
-        assert detected is not None and 0 <= detected <= DETECTED_WITHIN_S[fault], row
+        assert detected is not None and detected >= 0, row
+        if fault == "straggler":
+            assert 1 <= row["detected_after_steps"] <= STRAGGLER_WITHIN_STEPS, row
+        else:
+            assert detected <= DETECTED_WITHIN_S[fault], row
         assert row["steps_lost"] <= 1 and row["recover_s"] is not None, row
     assert "migrate" in rows["straggler"]["action"]
     # The straggler's node was diagnosed for real (the CPU suite here): healthy, not cordoned.
