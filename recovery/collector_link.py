@@ -271,9 +271,22 @@ class CollectorControl:
         return max((int(r["step"]) for r in rows if isinstance(r.get("step"), int)), default=-1)
 
     def _last_step(self) -> int:
-        """The newest step any rank of the job reported (-1: none, or unknown)."""
+        """The newest step every rank of the job has reached, as far as the collector knows (the
+        least of the ranks' last heartbeat steps; else the newest step any rank reported; -1:
+        none, or unknown). A checkpoint taken for the request is at this step or later on any
+        rank, even one that runs a step or more behind the fastest."""
         found = self._get(f"/jobs/{self.job_id}/state", None)
-        step = found.get("last_step") if isinstance(found, dict) else None
+        if not isinstance(found, dict):
+            return -1
+        ranks = found.get("ranks")
+        steps: list[int] = [
+            r["last_step"]
+            for r in (ranks if isinstance(ranks, list) else [])
+            if isinstance(r, dict) and isinstance(r.get("last_step"), int) and r["last_step"] >= 0
+        ]
+        if steps:
+            return min(steps)
+        step = found.get("last_step")
         return step if isinstance(step, int) else -1
 
     def _commit_after(self, newest: int, floor: int) -> tuple[int, str] | None:

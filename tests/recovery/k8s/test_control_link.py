@@ -224,3 +224,32 @@ def test_a_job_whose_ranks_never_reported_is_not_waited_for(collector: TestClien
     assert control.acknowledged(timeout_s=30.0) is False
     assert control.stacks([0], timeout_s=0.2) == {}
     assert time.monotonic() - started < 5.0
+
+
+def test_a_commit_by_a_rank_behind_the_fastest_counts(collector: TestClient) -> None:
+    # Rank 1 reported step 9 while rank 0, one process of its own, is at step 7: rank 0's
+    # checkpoint at step 7, taken for the request, is its commit (it is after the request on
+    # every rank that has got there; only a step before the slowest rank's is too old).
+    now = time.time()
+    _ingest(
+        collector,
+        *(schema.RankInfo(job_id="train", rank=r, node="n0", world_size=2) for r in (0, 1)),
+        schema.StepRecord(job_id="train", rank=1, step=9, start_s=now, end_s=now),
+        schema.Heartbeat(job_id="train", rank=0, time_s=now, last_step=7),
+        schema.Heartbeat(job_id="train", rank=1, time_s=now, last_step=9),
+    )
+    control = CollectorControl(
+        url="http://testserver", job_id="train", client=collector, poll_s=0.05
+    )
+    with Agents(collector, ["n0"], commit_step=7):
+        outcome = control.request(timeout_s=10.0)
+    assert (outcome.acked, outcome.asked, outcome.committed_step) == (2, 2, 7), outcome
+    # Both ranks are at step 12 now: a commit reported at step 10, before the slowest rank's
+    # step at the request, is an older save and not the request's commit.
+    later = time.time()
+    _ingest(
+        collector,
+        *(schema.Heartbeat(job_id="train", rank=r, time_s=later, last_step=12) for r in (0, 1)),
+    )
+    with Agents(collector, ["n0"], commit_step=10):
+        assert control.request(timeout_s=0.5).committed_step is None
