@@ -45,6 +45,12 @@ class StragglerConfig:
     # a real clean DDP job one rank ran 1.3x slower for its steps 2-10 while its host was busy,
     # and was reported; a straggler present from step 0 is still reported by step ~18.
     warmup_steps: int = 8
+    # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
+    # ranks is decided by two of their deviations and swings by 2x from step to step (on real
+    # 4-rank pipelines it let clean ranks score z > 4 and kept 1.25x stages at z ~3), so the
+    # deviations of a group of fewer ranks are pooled over its last ceil(scale_samples / ranks)
+    # steps, at most `window`. Groups of 64+ ranks are scored step by step.
+    scale_samples: int = 64
     # Floor of the robust scale as a fraction of the median, so identical values never divide by 0.
     scale_floor: float = 0.005
     # Data-loader time counts only when it is at least this share of the step time.
@@ -70,6 +76,7 @@ class StragglerConfig:
         )
         _require(self.smooth_steps >= 1, f"smooth_steps must be >= 1, got {self.smooth_steps}")
         _require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.scale_samples >= 1, f"scale_samples must be >= 1, got {self.scale_samples}")
         _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
         _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
         _require(0 <= self.min_cpu_wait_share < 1, "min_cpu_wait_share must be in [0, 1)")

@@ -19,20 +19,33 @@ MAD_TO_SIGMA = 1.4826
 
 
 def robust_center_scale(
-    values: FloatArray, *, scale_floor: float, groups: npt.NDArray[np.integer] | None = None
+    values: FloatArray,
+    *,
+    scale_floor: float,
+    groups: npt.NDArray[np.integer] | None = None,
+    min_samples: int = 1,
+    max_rows: int = 1,
 ) -> tuple[FloatArray, FloatArray]:
     """Per-row median and robust scale of `values` [steps, ranks], optionally per column group.
+
+    The scale is 1.4826 x the median absolute deviation from each row's median. A row of few
+    columns (a group of 4 ranks) has too few deviations for a stable MAD (two of four decide
+    it, and it swings by 2x from step to step), so the deviations of the last
+    ceil(`min_samples` / columns) rows, at most `max_rows`, are pooled (the row's own and
+    earlier ones; the first rows pool what they have). With `min_samples` or more columns each
+    row's scale is its own MAD.
 
     Returns arrays broadcastable to `values`. The scale is floored at `scale_floor` x |median| so a
     perfectly regular job does not divide by zero.
     """
+    pool = (min_samples, max_rows)
     if groups is None:
-        return _center_scale(values, scale_floor)
+        return _center_scale(values, scale_floor, pool)
     center = np.empty_like(values)
     scale = np.empty_like(values)
     for group in np.unique(groups):
         cols = np.flatnonzero(groups == group)
-        c, s = _center_scale(values[:, cols], scale_floor)
+        c, s = _center_scale(values[:, cols], scale_floor, pool)
         center[:, cols] = c
         scale[:, cols] = s
     return center, scale
@@ -48,12 +61,26 @@ def nanmedian(values: FloatArray, axis: int, *, keepdims: bool = False) -> Float
         return np.asarray(np.median(values, axis=axis, keepdims=keepdims))
 
 
-def _center_scale(values: FloatArray, scale_floor: float) -> tuple[FloatArray, FloatArray]:
+def _center_scale(
+    values: FloatArray, scale_floor: float, pool: tuple[int, int] = (1, 1)
+) -> tuple[FloatArray, FloatArray]:
     median = nanmedian(values, 1, keepdims=True)
-    mad = nanmedian(np.abs(values - median), 1, keepdims=True)
+    deviations = np.abs(values - median)
+    min_samples, max_rows = pool
+    rows = min(max_rows, -(-min_samples // max(values.shape[1], 1)))
+    mad = pooled_median(deviations, rows) if rows > 1 else nanmedian(deviations, 1, keepdims=True)
     scale = np.maximum(MAD_TO_SIGMA * mad, scale_floor * np.abs(median))
     scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny)
     return median, scale
+
+
+def pooled_median(values: FloatArray, rows: int) -> FloatArray:
+    """[steps, 1]: the median of each row's and its `rows - 1` predecessors' values (the first
+    rows: of what they have), NaN skipped."""
+    out = np.empty((values.shape[0], 1), dtype=values.dtype)
+    for row in range(values.shape[0]):
+        out[row, 0] = nanmedian(values[max(0, row - rows + 1) : row + 1].reshape(1, -1), 1)[0]
+    return out
 
 
 def high_outliers(
@@ -64,15 +91,20 @@ def high_outliers(
     scale_floor: float,
     groups: npt.NDArray[np.integer] | None = None,
     reference: FloatArray | None = None,
+    min_samples: int = 1,
+    max_rows: int = 1,
 ) -> tuple[BoolArray, FloatArray, FloatArray]:
     """Which entries are unusually HIGH for their step: robust z above threshold and excess.
 
     The excess (and the scale's floor) is a fraction of the step's median, or of `reference`
     (broadcastable, e.g. each step's median step time) when given: a rank whose compute is a
     small part of its step must be late by a share of the step, not of that small part, to count.
+    `min_samples`, `max_rows`: the scale's pooling over rows (`robust_center_scale`).
     Returns (flags, z, median) with flags/z shaped like `values` and median broadcastable.
     """
-    center, scale = robust_center_scale(values, scale_floor=scale_floor, groups=groups)
+    center, scale = robust_center_scale(
+        values, scale_floor=scale_floor, groups=groups, min_samples=min_samples, max_rows=max_rows
+    )
     base = np.abs(center) if reference is None else reference
     with np.errstate(invalid="ignore"):
         if reference is not None:

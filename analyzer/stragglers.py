@@ -75,10 +75,14 @@ RANK_KINDS = (Kind.STRAGGLER, Kind.DATA_STALL)
 def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: int = 0) -> Scores:
     """Score the steps of `a` (all, or only the `last` rows; earlier rows still feed smoothing)."""
     z, excess, floor = cfg.z_threshold, cfg.min_excess, cfg.scale_floor
-    rows = slice(-last, None) if last else slice(None)
+    stages = stage_groups(a.stages)
+    # Rows scored: the last `last` and the earlier ones their scales pool (robust.py).
+    span = last + pooled_rows(a.num_ranks, stages, cfg) - 1 if last else 0
+    rows = slice(-span, None) if span else slice(None)
+    pool = {"min_samples": cfg.scale_samples, "max_rows": cfg.window}
 
     def smooth(values: robust.FloatArray) -> robust.FloatArray:
-        if last == 1:
+        if span == 1:
             return robust.trimmed_mean_last(values, cfg.smooth_steps)
         return robust.rolling_trimmed_mean(values, cfg.smooth_steps)[rows]
 
@@ -89,6 +93,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         values: robust.FloatArray,
         groups: npt.NDArray[np.int32] | None = None,
         reference: robust.FloatArray | None = step_time,
+        pooled: bool = True,
     ) -> tuple[robust.BoolArray, robust.FloatArray, robust.FloatArray]:
         return robust.high_outliers(
             values,
@@ -97,9 +102,9 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
             scale_floor=floor,
             groups=groups,
             reference=reference,
+            **(pool if pooled else {}),
         )
 
-    stages = _stage_groups(a.stages)
     compute = smooth(a.compute_s())
     c_flags, c_z, c_med = outliers(compute, stages)
     explained = np.zeros_like(c_flags)
@@ -123,11 +128,13 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
             min_excess=cfg.min_cpu_wait_share,
             scale_floor=floor,
             reference=step_time,
-        )
+        )  # each step's own scale (see StragglerConfig.scale_samples), as `late` below
         # ... and only when it makes the rank late: its compute plus that wait stands out as
         # compute does. A rank that waits for a CPU while a slow peer holds the job (its
         # wait then costs nothing: it would wait for that peer anyway) is no straggler.
-        late, _, _ = outliers(smooth(a.compute_s() + np.nan_to_num(a.cpu_wait_s)), stages)
+        late, _, _ = outliers(
+            smooth(a.compute_s() + np.nan_to_num(a.cpu_wait_s)), stages, pooled=False
+        )
         cpu_flags &= late
     else:
         cpu_flags, cpu_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
@@ -142,7 +149,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     c_flags &= held
     cpu_flags &= held
     # A rank slowed by its own data loader is not also a compute straggler.
-    return Scores(
+    scores = Scores(
         compute=c_flags & ~d_flags,
         compute_z=c_z,
         compute_med=c_med,
@@ -152,9 +159,20 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         cpu=cpu_flags & ~d_flags,
         cpu_z=cpu_z,
     )
+    scored = c_z.shape[0]  # span, or fewer at a job's start
+    return scores.rows(scored - last, scored) if scored > last > 0 else scores
 
 
-def _stage_groups(stages: npt.NDArray[np.int32] | None) -> npt.NDArray[np.int32] | None:
+def pooled_rows(
+    num_ranks: int, stages: npt.NDArray[np.int32] | None, cfg: config_mod.StragglerConfig
+) -> int:
+    """How many rows the scale of the smallest group scored together pools (`stages` as
+    `stage_groups` returns them; see `robust.robust_center_scale`)."""
+    smallest = num_ranks if stages is None else int(np.unique(stages, return_counts=True)[1].min())
+    return min(cfg.window, -(-cfg.scale_samples // max(smallest, 1)))
+
+
+def stage_groups(stages: npt.NDArray[np.int32] | None) -> npt.NDArray[np.int32] | None:
     """Pipeline stages to score within, when each has enough ranks for a robust median (3);
     stages of one or two ranks are scored together (their compute is meant to be balanced)."""
     if stages is None or stages.size == 0:

@@ -167,10 +167,13 @@ class _JobStream:
             return []
         # Score all ready steps in one vectorised call: each step's row is smoothed over the
         # same earlier steps as when scored alone, so this equals scoring them one by one.
-        smooth = self.cfg.straggler.smooth_steps
-        history = self.analysed[-(smooth - 1) :] if smooth > 1 else []
+        # ... and each scale pooled over the same earlier rows (robust.robust_center_scale).
+        cfg = self.cfg.straggler
+        stages = stragglers.stage_groups(self.window.rank_stages())
+        keep = cfg.smooth_steps + stragglers.pooled_rows(self.window.num_ranks, stages, cfg) - 2
+        history = self.analysed[-keep:] if keep > 0 else []
         recent = self.window.view([*history, *ready])
-        scores = stragglers.score(recent, self.cfg.straggler, last=len(ready))
+        scores = stragglers.score(recent, cfg, last=len(ready))
         rows = slice(len(history), None)
         with np.errstate(all="ignore"):
             medians = robust.nanmedian(recent.step_time_s[rows], 1).tolist()

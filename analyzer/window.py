@@ -269,6 +269,18 @@ class StepWindow:
         self._transfers[row] = (n, result)
         return result
 
+    def _rank_id_array(self) -> npt.NDArray[np.int64]:
+        if self._ids.size != self.num_ranks:
+            self._ids = np.asarray(self._rank_ids, dtype=np.int64)
+        return self._ids
+
+    def rank_stages(self) -> npt.NDArray[np.int32] | None:
+        """Each column's pipeline stage; None when not known for every rank."""
+        ids = self._rank_id_array()
+        if self.stages is not None and ids.size and int(ids.max()) < self.stages.size:
+            return self.stages[ids]
+        return None
+
     def view(
         self, steps: Sequence[int], *, with_aggs: bool = False, with_transfers: bool = False
     ) -> arrays_mod.StepArrays:
@@ -290,18 +302,13 @@ class StepWindow:
         d = {name: values[rows, :n] for name, values in self._data.items()}
         clock = d["sm_clock_hz"] if np.isfinite(d["sm_clock_hz"]).any() else None
         throttled = np.nan_to_num(d["throttled"]) if np.isfinite(d["throttled"]).any() else None
-        if self._ids.size != n:
-            self._ids = np.asarray(self._rank_ids, dtype=np.int64)
-        ids = self._ids
+        ids = self._rank_id_array()
         parts = []
         for i, step in enumerate(steps if with_aggs else ()):
             for chunk in self._aggs.get(step % self.capacity, []):
                 part = chunk.take(chunk.col < n)
                 part.row = np.full_like(part.row, i)
                 parts.append(part)
-        stages = None
-        if self.stages is not None and n and int(ids.max()) < self.stages.size:
-            stages = self.stages[ids]
         return arrays_mod.StepArrays(
             job_id=self.job_id,
             steps=np.asarray(steps, dtype=np.int64),
@@ -327,7 +334,7 @@ class StepWindow:
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),
             devices=tuple(self._devices) if any(self._devices) else (),
-            stages=stages,
+            stages=self.rank_stages(),
             sm_clock_hz=clock,
             throttled=throttled,
         )
