@@ -37,6 +37,7 @@ stragglers at 1.1x).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import secrets
@@ -392,11 +393,14 @@ def main() -> None:
                 print(f"{wrapper}: {len(batch)} case(s) in {result.seconds:.0f} s", flush=True)
                 specs.extend(batch)
         time.sleep(3.0)  # the last flushes and the analyzer's queue
+        # Every job has ended: the offline analyses (one `vigil analyze` each) run two at a time.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            offline = list(pool.map(offline_findings, [work / "out" / s.job for s in specs]))
         scores: list[Score] = []
-        for spec in specs:
+        for spec, found in zip(specs, offline, strict=True):
             folder = work / "out" / spec.job
             onset, ends = step_times(folder, spec)
-            scores.append(score(spec, "offline", offline_findings(folder), onset, ends))
+            scores.append(score(spec, "offline", found, onset, ends))
             online = (
                 spec.online if spec.online is not None else online_findings(collector, spec.job)
             )
