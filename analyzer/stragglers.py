@@ -107,6 +107,8 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
 
     compute = smooth(a.compute_s())
     c_flags, c_z, c_med = outliers(compute, stages)
+    wait = smooth(a.comm_wait_s)
+    c_flags |= _corroborated(compute, c_z, c_med, wait, stages, step_time, cfg)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
         tokens = smooth(a.tokens)
@@ -142,7 +144,6 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     # least. A rank whose compute or CPU wait only looks high (a measurement that double counts,
     # e.g. CPU wait spent inside an asynchronous collective) while it waits as long as its peers'
     # median, or longer, holds nobody up and is no straggler.
-    wait = smooth(a.comm_wait_s)
     center, _ = robust.robust_center_scale(wait, scale_floor=floor, groups=stages)
     with np.errstate(invalid="ignore"):
         held = ~(wait > center)  # NaN (no wait measured) does not clear a rank
@@ -161,6 +162,48 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     )
     scored = c_z.shape[0]  # span, or fewer at a job's start
     return scores.rows(scored - last, scored) if scored > last > 0 else scores
+
+
+def _corroborated(
+    compute: robust.FloatArray,
+    compute_z: robust.FloatArray,
+    compute_med: robust.FloatArray,
+    wait: robust.FloatArray,
+    stages: npt.NDArray[np.int32] | None,
+    step_time: robust.FloatArray,
+    cfg: config_mod.StragglerConfig,
+) -> robust.BoolArray:
+    """Ranks whose compute is high at `cfg.corroborated_z` (late by the minimum excess) while
+    their communication wait is as far below their peers': both halves of a straggler's
+    signature at once (it computes more and waits least), each short of `z_threshold` alone.
+    Only in groups of fewer than `cfg.scale_samples` ranks: among thousands, a rank's own
+    steady speed reaches z 3 on both readings at once (they move together)."""
+    small = _group_sizes(stages, compute.shape[1]) < cfg.scale_samples
+    if not small.any():
+        return np.zeros(compute.shape, dtype=bool)
+    low_wait, _, _ = robust.high_outliers(
+        -wait,
+        z_threshold=cfg.corroborated_z,
+        min_excess=cfg.min_excess,
+        scale_floor=cfg.scale_floor,
+        groups=stages,
+        reference=step_time,
+        min_samples=cfg.scale_samples,
+        max_rows=cfg.window,
+    )
+    with np.errstate(invalid="ignore"):
+        high = (compute_z > cfg.corroborated_z) & (
+            compute - compute_med > cfg.min_excess * step_time
+        )
+    return high & low_wait & small
+
+
+def _group_sizes(stages: npt.NDArray[np.int32] | None, num_ranks: int) -> npt.NDArray[np.int64]:
+    """Each column's scoring group's size (all ranks, or its pipeline stage's)."""
+    if stages is None:
+        return np.full(num_ranks, num_ranks, dtype=np.int64)
+    _, inverse, counts = np.unique(stages, return_inverse=True, return_counts=True)
+    return np.asarray(counts[inverse], dtype=np.int64)
 
 
 def pooled_rows(

@@ -11,9 +11,15 @@ in data/jsonl_pipeline/:
 - clean-jitter/: no fault; every rank sleeps 0-30 % of a step before each forward pass. On
   some steps three ranks' computes nearly coincided, their MAD was tiny, and rank 3 (the last
   stage, whose sleep replaces part of its bubble) scored z > 4 in 11 steps and was reported.
+- slow-forward/: from step 8 rank 1's forward sleeps 25 % of a step (a CI run on a loaded
+  host). Its compute is ~17 ms against ~9 ms and its wait ~16 ms against ~27 ms in nearly
+  every step, but its peers' computes spread widely (one's CPU wait, taken out of its
+  compute, swung by 10 ms): by compute alone it scored z ~4 and became persistent only
+  from step 37, 29 steps after the onset.
 
 Pooled over 12 steps (48 deviations), the scale is stable: the slow stage scores z ~5 and the
-clean ranks stay under 3.
+clean ranks stay under 3. A rank whose compute is high at z 3 while its wait is as low (both
+halves of a straggler's signature) is flagged too (`StragglerConfig.corroborated_z`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,11 @@ from vigil import codec, schema
 from vigil.analyzer import config, engine, robust, streaming
 
 DATA = Path(__file__).parent / "data" / "jsonl_pipeline"
-PER_STEP = config.AnalyzerConfig(straggler=config.StragglerConfig(scale_samples=1))
+# As scored before: each step's own MAD, compute alone.
+PER_STEP = config.AnalyzerConfig(
+    straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0)
+)
+COMPUTE_ALONE = config.AnalyzerConfig(straggler=config.StragglerConfig(corroborated_z=4.0))
 
 
 def _records(name: str) -> list[schema.Record]:
@@ -69,6 +79,18 @@ def test_a_clean_jittery_pipeline_has_no_finding(mode: str) -> None:
     analyse = engine.analyze_records if mode == "offline" else _streamed
     assert _named(analyse(records, config.AnalyzerConfig())) == []
     assert _named(analyse(records, PER_STEP)) == [("straggler", [3])]
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_stage_that_computes_more_and_waits_least_is_named_soon(mode: str) -> None:
+    records = _records("slow-forward")
+    analyse = engine.analyze_records if mode == "offline" else _streamed
+    (found,) = analyse(records, config.AnalyzerConfig())
+    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [1])
+    assert found.step_start <= 8 + 20  # within 20 steps of the onset
+    # By its compute alone, the same stage was reported 29 steps after the onset.
+    (late,) = analyse(records, COMPUTE_ALONE)
+    assert late.subjects.ranks == [1] and late.step_start > 8 + 20
 
 
 def test_the_scale_pools_enough_steps_for_its_samples_and_no_more() -> None:
