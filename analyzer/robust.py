@@ -66,12 +66,17 @@ def _center_scale(
 ) -> tuple[FloatArray, FloatArray]:
     median = nanmedian(values, 1, keepdims=True)
     deviations = np.abs(values - median)
-    min_samples, max_rows = pool
-    rows = min(max_rows, -(-min_samples // max(values.shape[1], 1)))
+    rows = pool_rows(values.shape[1], *pool)
     mad = pooled_median(deviations, rows) if rows > 1 else nanmedian(deviations, 1, keepdims=True)
     scale = np.maximum(MAD_TO_SIGMA * mad, scale_floor * np.abs(median))
     scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny)
     return median, scale
+
+
+def pool_rows(columns: int, min_samples: int, max_rows: int) -> int:
+    """How many rows a scale over `columns` columns pools: enough for `min_samples`
+    deviations, at most `max_rows` (1: each row alone)."""
+    return max(1, min(max_rows, -(-min_samples // max(columns, 1))))
 
 
 def pooled_median(values: FloatArray, rows: int) -> FloatArray:

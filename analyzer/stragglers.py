@@ -4,8 +4,10 @@ In synchronous training the slow rank arrives last at each collective and waits 
 cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
 Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps` steps,
 the largest left out) is scored against the other ranks (median/MAD, within its pipeline stage when
-there is one); a rank flagged in `min_hits` of the last `window` steps is reported; a job's first
-`warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
+there is one; a group of fewer than `scale_samples` ranks takes its scale over its last few steps,
+and there compute high at `corroborated_z` counts when the rank's wait is as low); a rank
+flagged in `min_hits` of the last `window` steps is reported; a job's first `warmup_steps` steps
+(start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
 throttling noted from NVML clocks), data-loader stalls, and compute that only follows a larger
 share of tokens (sequence-length imbalance, reported for the job rather than the rank).
 A flagged rank must also hold its peers up: its smoothed communication wait may not exceed its
@@ -212,7 +214,7 @@ def pooled_rows(
     """How many rows the scale of the smallest group scored together pools (`stages` as
     `stage_groups` returns them; see `robust.robust_center_scale`)."""
     smallest = num_ranks if stages is None else int(np.unique(stages, return_counts=True)[1].min())
-    return min(cfg.window, -(-cfg.scale_samples // max(smallest, 1)))
+    return robust.pool_rows(smallest, cfg.scale_samples, cfg.window)
 
 
 def stage_groups(stages: npt.NDArray[np.int32] | None) -> npt.NDArray[np.int32] | None:

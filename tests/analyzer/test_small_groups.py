@@ -1,6 +1,6 @@
 """Small jobs: a 4-rank group's robust scale pooled over its last steps, on recorded real jobs.
 
-Both fixtures are the SDK's own JSONL of a real 4-rank gloo job (`tests/realjobs/train.py`,
+The fixtures are the SDK's own JSONL of a real 4-rank gloo job (`tests/realjobs/train.py`,
 wrapper `pp`: a 1F1B pipeline of four 256-wide stages, one per rank, on 2 shared cores),
 in data/jsonl_pipeline/:
 
