@@ -49,6 +49,8 @@ class EndedStep(NamedTuple):
     spans: dict[str, float]
     mfu: float
     cpu_wait_s: float = 0.0  # the training thread's wait for a CPU over the step (cpuwait.py)
+    # On CUDA: (launch event, end event, device) of each "data" span (see `data_time`).
+    data_events: tuple[tuple[Any, Any, int], ...] = ()
 
 
 class Background:
@@ -140,7 +142,9 @@ class Background:
         flops_per_token = self._flops_per_token() or 0.0
         while ended:
             e = ended[0]
-            if not self._recorder.release(e.step, force=final or now - e.end > CUDA_SETTLE_S):
+            late = final or now - e.end > CUDA_SETTLE_S
+            data_s = data_time(e.spans.get("data", 0.0), e.data_events, late=late)
+            if data_s is None or not self._recorder.release(e.step, force=late):
                 break  # the next interval
             ended.popleft()
             spans = e.spans
@@ -151,11 +155,11 @@ class Background:
                     step=e.step,
                     start_s=e.start + self._wall_offset,
                     end_s=e.end + self._wall_offset,
-                    data_s=spans.get("data", 0.0),
+                    data_s=data_s,
                     forward_s=e.forward_s + spans.get("forward", 0.0),
                     backward_s=e.backward_s + spans.get("backward", 0.0),
                     optimizer_s=e.optimizer_s + spans.get("optimizer", 0.0),
-                    comm_wait_s=e.blocked_s,
+                    comm_wait_s=e.blocked_s + collectives.exposed_s(e.aggs),
                     tokens=max(0, e.tokens),
                     model_flops=flops_per_token * e.tokens,
                     mfu=e.mfu,
@@ -182,6 +186,28 @@ def loss_value(loss: Any) -> float | None:
     except Exception:
         return None
     return value if math.isfinite(value) else None
+
+
+def data_time(
+    host_s: float, events: tuple[tuple[Any, Any, int], ...], *, late: bool
+) -> float | None:
+    """A step's data-loading time. On the host: its "data" spans' time. On CUDA, where the
+    host runs ahead of the device, a span can also hold the host's wait for the device (a
+    copy from pageable memory first waits for the stream's queued kernels): that is the
+    rank's compute, and its device-side slowness would read as a data stall. The device
+    time from a span's launch event to its end event leaves it out (the launch event
+    completes when the stream has drained), and is no more than the host's time when the
+    device was idle throughout, a real stall: the smaller of the two sums counts. None while
+    an end event is pending and not `late` (then the host's time counts)."""
+    if not events:
+        return host_s
+    device_s = 0.0
+    for start, end, device in events:
+        seconds = collectives.device_elapsed(start, end, device)
+        if seconds is None:
+            return host_s if late else None
+        device_s += seconds
+    return min(host_s, device_s)
 
 
 def peak_memory(cuda_device: int | None) -> int:

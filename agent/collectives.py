@@ -14,6 +14,13 @@ wait for the op's kernels, and a wait makes the current stream wait for them, so
 event marks the end on the device. A step's aggregates stay open to its ops still on the device
 until `release`. On CPU the monotonic clock is used.
 
+Exposed communication time (the step record's `comm_wait_s`): on CPU the training thread's time
+blocked in synchronous ops and waits (`blocked_s`). A synchronous op on CUDA counts its device
+time instead (`exposed_s`: the issuing stream waits from its launch event to its end), not the
+host's time in the call, which can hold the rank's own queued kernels too (gloo on CUDA
+tensors first waits for the stream to reach the op): that is compute, and counting it as wait
+hides a rank that is slow on its device.
+
 Every hook is fail-open: an internal error is counted and the original call proceeds untouched.
 This module must not do I/O beyond the progress page, and never blocks.
 """
@@ -50,6 +57,7 @@ class _Agg:
     wait_s: float = 0.0
     last_seq: int = 0
     last_s: float = 0.0  # duration of the op with the highest sequence number
+    exposed_s: float = 0.0  # device time of synchronous CUDA ops (the stream waited for them)
 
 
 class _Site:
@@ -80,6 +88,7 @@ class _Pending:
     step: int
     cuda_start: Any = None  # the launch event on the op's CUDA device
     device: int = -1  # that device's index
+    exposed: bool = False  # a synchronous CUDA op: its device time is exposed wait
 
 
 class CollectiveRecorder:
@@ -114,7 +123,8 @@ class CollectiveRecorder:
         self._on_device: collections.Counter[int] = collections.Counter()  # step -> ops
         self._indices = itertools.count()
         self._cuda_pending: list[tuple[_Pending, Any]] = []
-        self.blocked_s = 0.0  # training-thread time blocked in sync ops and Work.wait this step
+        # Training-thread time blocked in sync ops (those timed on the host) and Work.wait.
+        self.blocked_s = 0.0
         self.collective_s = 0.0
         self.training_thread = threading.get_ident()
 
@@ -187,13 +197,15 @@ class CollectiveRecorder:
         try:
             now = self._clock()
             if pending.cuda_start is not None:
+                pending.exposed = sync  # its device time, not this thread's, is the wait
                 with self._lock:
                     self._cuda_pending.append((pending, _cuda_event(pending.device)))
                     self._on_device[pending.step] += 1
             else:
                 self._complete(pending, now - pending.start, now)
+                if sync:
+                    self.blocked_s += now - pending.start
             if sync:
-                self.blocked_s += now - pending.start
                 page = self._page
                 if page is not None:
                     site = pending.site
@@ -236,6 +248,8 @@ class CollectiveRecorder:
                 agg.wait_s += wait
             if seq > agg.last_seq:
                 agg.last_seq, agg.last_s = seq, duration
+            if pending.exposed:
+                agg.exposed_s += duration
             self.collective_s += duration
         page = self._page
         if page is not None:
@@ -314,11 +328,8 @@ class CollectiveRecorder:
             pending, self._cuda_pending = self._cuda_pending, []
         keep = []
         for item, end_event in pending:
-            with _device_guard(item.device):  # never a context on another device
-                seconds = (
-                    item.cuda_start.elapsed_time(end_event) / 1000.0 if end_event.query() else -1.0
-                )
-            if seconds >= 0.0:
+            seconds = device_elapsed(item.cuda_start, end_event, item.device)
+            if seconds is not None:
                 self._complete(item, seconds, item.start + seconds, from_device=True)
             else:
                 keep.append((item, end_event))
@@ -327,6 +338,20 @@ class CollectiveRecorder:
 
 
 StepAggregates = dict[_Site, _Agg]
+
+
+def exposed_s(aggs: StepAggregates) -> float:
+    """The device time of a step's synchronous CUDA ops (see the module docstring)."""
+    return sum(a.exposed_s for a in aggs.values())
+
+
+def device_elapsed(start: Any, end: Any, device: int) -> float | None:
+    """Seconds from CUDA event `start` to `end` on `device` (recorded in that order), or None
+    while `end` has not completed. Never blocks."""
+    with _device_guard(device):  # never a context on another device
+        if not end.query():
+            return None
+        return max(0.0, float(start.elapsed_time(end)) / 1000.0)
 
 
 def aggregate_records(
@@ -389,9 +414,12 @@ def _device_guard(device: int) -> Any:
     return torch.cuda.device(device)
 
 
-def _cuda_event(device: int) -> Any:
+def stream_event(device: int) -> Any:
     """A timing event recorded on `device`'s current stream (in a CUDA future's callback, a
     stream made to wait for the op's kernels)."""
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+_cuda_event = stream_event  # the recorder's own reference (tests stand in for it)

@@ -131,6 +131,9 @@ class Session:
         self._cpu_wait = cpuwait.ThreadCpuWait()
         self._cpu_wait_start = 0.0
         self._spans: dict[str, float] = collections.defaultdict(float)
+        # On CUDA, per "data" span since the last step's end: launch and end events on the
+        # training stream (background.data_time: the part of the span the device was idle).
+        self._data_events: list[tuple[Any, Any, int]] = []
         self._callbacks: dict[str, list[Callable[[], Any]]] = collections.defaultdict(list)
         self._requests: collections.deque[str] = collections.deque()
         self._control_seq = 0
@@ -370,6 +373,9 @@ class Session:
             self._spans = collections.defaultdict(float)
         else:  # not the live dict: the next step's spans must not land in this step's record
             spans = _NO_SPANS
+        data_events: tuple[tuple[Any, Any, int], ...] = ()
+        if self._data_events:
+            data_events, self._data_events = tuple(self._data_events), []
         loss = handle.loss
         ended = self._ended
         if len(ended) == ended.maxlen:
@@ -377,7 +383,7 @@ class Session:
         ended.append(
             background.EndedStep(
                 handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
-                blocked_s, aggs, spans, util, cpu_wait_s,
+                blocked_s, aggs, spans, util, cpu_wait_s, data_events,
             )
         )  # fmt: skip
         if self._cuda_device is None and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -411,13 +417,27 @@ class Session:
         state = SPAN_STATES.get(name)
         if state is not None:
             self._publish(state)
+        device = self._cuda_device if name == "data" else None
+        entry = self._stream_event(device) if device is not None else None
         try:
             yield
         finally:
             self._spans[name] += self._clock() - start
+            if entry is not None and device is not None:
+                leave = self._stream_event(device)
+                if leave is not None:
+                    self._data_events.append((entry, leave, device))
             if state is not None:
                 done = state is schema.RankState.CHECKPOINTING
                 self._publish(schema.RankState.COMPUTE, checkpoint_done=done)
+
+    def _stream_event(self, device: int) -> Any:
+        """A timing event on `device`'s current stream; None after an error (counted)."""
+        try:
+            return collectives.stream_event(device)
+        except Exception as exc:  # fail-open: the span keeps its host time
+            self.count_error(exc)
+            return None
 
     # -- control --------------------------------------------------------------------------
     def on_control(self, kind: str, callback: Callable[[], Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,19 +154,24 @@ def test_bookkeeping_release_can_be_forced_and_later_completions_count_in_the_cu
     assert agg.total_s == pytest.approx(0.25)
 
 
-def test_bookkeeping_sync_op_blocks_on_the_cpu_clock_and_lasts_its_event_pair(
-    device: _Device,
-) -> None:
+def test_bookkeeping_sync_op_exposes_its_device_time_not_the_hosts(device: _Device) -> None:
+    """The host's time in a synchronous CUDA op can hold the rank's own queued kernels (gloo
+    waits for the stream to reach the op): the op's device time is its exposed wait."""
     cpu = [10.0]
     recorder = _recorder(cpu)
     pending = recorder.begin("broadcast", None, [_tensor(), _tensor()], None, blocking=True)
-    device.time, cpu[0] = 0.125, 10.002
+    device.time, cpu[0] = 0.125, 10.2  # the host returned after 200 ms, the op took 125
     recorder.finish(pending, sync=True)
     aggs, blocked, _ = recorder.swap()
     ((_, agg),) = aggs.items()
     assert agg.nbytes == 2 * 256 * 4
     assert agg.total_s == pytest.approx(0.125)
-    assert blocked == pytest.approx(0.002)
+    assert blocked == 0.0
+    assert collectives.exposed_s(aggs) == pytest.approx(0.125)
+    pending = recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
+    device.time += 0.5
+    recorder.finish(pending, sync=False)  # an asynchronous op's time is not exposed wait
+    assert collectives.exposed_s(recorder.swap()[0]) == 0.0
 
 
 def test_bookkeeping_session_holds_a_steps_records_until_its_device_collectives_end(
@@ -204,6 +210,52 @@ def test_bookkeeping_session_holds_a_steps_records_until_its_device_collectives_
     assert [(a.step, a.op, a.count) for a in aggs] == [(0, "all_reduce", 1)]
     assert aggs[0].total_device_s == pytest.approx(0.5)
     assert sorted(r.step for r in records if isinstance(r, schema.StepRecord)) == [0, 1]
+
+
+def test_bookkeeping_step_record_wait_and_data_time_are_the_devices(
+    device: _Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA a step's `comm_wait_s` is its synchronous ops' device time and its `data_s` the
+    part of its data span the device was idle: a host blocked there while its own device
+    finishes earlier work (a copy from pageable memory waits for the stream) is computing."""
+    monkeypatch.setattr(collectives, "stream_event", device.record)
+    clock = [time.monotonic()]  # the session's clock, stepped by the test
+    session = vigil.agent.init(
+        job="unit",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=60.0,
+    )
+    assert session is not None
+    session._cuda_device = DEVICE  # as after a first step on the GPU
+    session._clock = session.recorder._clock = lambda: clock[0]
+    try:
+        for step, (busy, load) in enumerate([(0.030, 0.0), (0.0, 0.020)]):
+            with vigil.agent.step(step, tokens=1):
+                # Events are stamped when the stream reaches them: after `busy` s of queued work.
+                device.time += busy
+                with vigil.agent.span("data"):
+                    clock[0] += busy + load  # the host waits for that work, then loads
+                    device.time += load  # and copies
+                pending = session.recorder.begin("all_reduce", None, _tensor(), None, blocking=True)
+                device.time += 0.004
+                clock[0] += 0.050  # the host is held far longer than the op
+                session.recorder.finish(pending, sync=True)
+                device.events[-1].done = step == 0  # step 1's op is still on the device
+        session.background.settle()
+        assert [e.step for e in session._ended] == [1]  # held until its events complete
+        device.events[-1].done = True
+    finally:
+        vigil.agent.shutdown()
+    path = tmp_path / "out" / "unit" / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    steps = sorted((r for r in records if isinstance(r, schema.StepRecord)), key=lambda r: r.step)
+    assert [r.comm_wait_s for r in steps] == [pytest.approx(0.004), pytest.approx(0.004)]
+    assert steps[0].data_s == pytest.approx(0.0)  # the host waited for its own device
+    assert steps[1].data_s == pytest.approx(0.020)  # the device idled: a real stall
 
 
 class _Group:
