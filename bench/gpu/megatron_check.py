@@ -74,7 +74,7 @@ def main() -> int:
     try:
         from megatron.core import parallel_state
         from megatron.core.enums import ModelType
-        from megatron.core.model_parallel_config import ModelParallelConfig
+        from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as exc:
         print(json.dumps({"megatron_check_ok": False, "megatron_error": f"not importable: {exc}"}))
         return 3
@@ -89,7 +89,9 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="vigil-megatron-"))
     vigil.agent.init(job="megatron-gpu", collector=None, output_dir=out, progress_dir=out / "pg")
     labels = vigil_megatron.label_groups()
-    model = _Mlp(ModelParallelConfig(), ModelType.encoder_or_decoder).cuda()
+    # Megatron's schedules read TransformerConfig's fields (e.g. its activation offloading).
+    config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=1)
+    model = _Mlp(config, ModelType.encoder_or_decoder).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = [torch.randn(BATCH, HIDDEN, device="cuda") for _ in range(MICROBATCHES)]
     forward_backward = vigil_megatron.get_forward_backward_func()

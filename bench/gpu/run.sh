@@ -11,6 +11,10 @@
 #      with torch.utils.cpp_extension, NVML, the quick suite (tests/kernels/test_gpu.py); the
 #      SDK's CUDA-event timing of collectives on real NCCL (tests/agent/test_collectives_cuda.py);
 #      the trainer's bf16 run on one GPU against the CPU run (tests/trainer/test_gpu.py);
+#   1b. real 4-rank jobs on the GPU through the public SDK (tests/realjobs/test_cuda_jobs.py):
+#      DDP and a plain all-reduce loop, a rank slowed on the device in each position, a data
+#      stall and a clean jittery job, each analysed; the slow rank must be named from the
+#      collectives' event-timed durations, the clean job must have no finding;
 #   2. the node agent's NVML sampler for 10 s under a GEMM load, every field it claims printed
 #      (bench/gpu/nvml_sample.py);
 #   3. two NCCL processes on the one GPU where NCCL allows it (it says so when it refuses): the
@@ -24,15 +28,19 @@
 #      datasheet peak (bench/trainer.py --gpu-only).
 # The last line of output is one JSON object (bench/gpu/summary.py): {"gemm_ratio_to_torch",
 # "copy_ratio_to_torch", "memtest_coverage", "memtest_tb_per_s", "gpu_tests_passed",
-# "gpu_tests_failed"}, then the NVML figures ("nvml_*"), the NCCL pair's ("nccl_pair*"), the 1B
+# "gpu_tests_failed"}, then the real CUDA jobs' test counts ("cuda_jobs_passed",
+# "cuda_jobs_failed"), the NVML figures ("nvml_*"), the NCCL pair's ("nccl_pair*"), the 1B
 # recipe's ("gpu_1b_tokens_per_s", "gpu_1b_mfu"), the Megatron check's ("megatron_*") and
 # "stages_failed".
-# Usage: bash bench/gpu/run.sh            (PYTHON=/path/to/python to pick the interpreter)
+# Usage: bash bench/gpu/run.sh            (PYTHON=/path/to/python to pick the interpreter;
+#        VIGIL_GPU_DEADLINE_S: the whole script's deadline, 470 by default; VIGIL_GPU_STAGES:
+#        the stages to run, e.g. "tests cuda_jobs" (names as below), all by default; a PYTHONPATH set
+#        beforehand, e.g. to wheels carried to a machine without an index, is kept)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
-deadline=$((SECONDS + 470)) # 8 minutes, less a margin for the summary and clean-up
+deadline=$((SECONDS + ${VIGIL_GPU_DEADLINE_S:-470})) # 8 minutes, less a margin for the summary and clean-up
 
 pick_python() {
   for py in ${PYTHON:-} "$root/.venv/bin/python" python3 python; do
@@ -67,31 +75,34 @@ fi
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
 
 cp -r "$root/vigil" "$tree/vigil"
-for part in agent kernels recovery trainer integrations; do cp -r "$root/$part" "$tree/vigil/$part"; done
+for part in agent analyzer kernels recovery trainer integrations; do cp -r "$root/$part" "$tree/vigil/$part"; done
 # Megatron-core for the megatron stage: the interpreter's own, else this checkout's .venv copy
 # (pure Python; carry .venv/lib/python3.11/site-packages/megatron to a machine without it).
 if ! "$py" -c 'import megatron.core' 2>/dev/null; then
   for d in "$root"/.venv/lib/python3*/site-packages/megatron; do [ -d "$d" ] && cp -r "$d" "$tree/megatron" && break; done
 fi
-mkdir -p "$tree/tests/agent" "$tree/tests/trainer"
+mkdir -p "$tree/tests/agent" "$tree/tests/trainer" "$tree/tests/realjobs"
 cp "$root/tests/__init__.py" "$tree/tests/"
 cp -r "$root/tests/kernels" "$tree/tests/kernels"
 # The SDK's CUDA collective timing (NCCL); not the agent tests' conftest (it needs the services).
 cp "$root/tests/agent/__init__.py" "$root/tests/agent/test_collectives_cuda.py" "$tree/tests/agent/"
 cp "$root/tests/trainer/__init__.py" "$root/tests/trainer/conftest.py" "$root/tests/trainer/test_gpu.py" "$tree/tests/trainer/"
+for f in __init__.py launch.py train.py test_cuda_jobs.py; do cp "$root/tests/realjobs/$f" "$tree/tests/realjobs/"; done
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +
-export PYTHONPATH="$tree" VIGIL_LOG_LEVEL=${VIGIL_LOG_LEVEL:-WARNING}
+export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" VIGIL_LOG_LEVEL=${VIGIL_LOG_LEVEL:-WARNING}
 # One build of the CUDA memory test, shared by the tests and the figures below.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$tree/torch_extensions}
 echo "python: $py  ($("$py" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))'))"
 echo "nvcc: $(command -v nvcc || echo 'not found: the memory test cannot be built')"
 
 stages=()
+selected() { [ -z "${VIGIL_GPU_STAGES:-}" ] || [[ " $VIGIL_GPU_STAGES " == *" $1 "* ]]; }
 # stage NAME CAP_S COMMAND...: run COMMAND in the tree for at most CAP_S seconds (less if the
 # deadline is nearer; skipped under 10 s), its output shown and kept in $tree/NAME.out.
 stage() {
   local name=$1 cap=$2 left status
   shift 2
+  selected "$name" || return 0
   left=$((deadline - SECONDS))
   [ "$left" -lt "$cap" ] && cap=$left
   echo "== $name (at most ${cap} s) =="
@@ -106,14 +117,25 @@ stage() {
   stages+=(--stage "$name" "$tree/$name.out" "$status")
 }
 
-left=$((deadline - SECONDS))
-echo "== gpu tests (at most $((left < 170 ? left : 170)) s) =="
-(cd "$tree" && timeout -k 5 $((left < 170 ? left : 170)) "$py" -m pytest -q -m gpu \
-  -p no:cacheprovider -o addopts="" -o timeout=150 --junitxml="$tree/gpu.xml" \
-  tests/kernels/test_gpu.py tests/agent/test_collectives_cuda.py tests/trainer/test_gpu.py 2>&1 |
-  tail -30)
-read -r passed failed < <("$py" "$root/bench/gpu/summary.py" --junit "$tree/gpu.xml" --counts)
+passed=0 failed=0
+if selected tests; then
+  left=$((deadline - SECONDS))
+  echo "== tests: the gpu-marked tests (at most $((left < 170 ? left : 170)) s) =="
+  (cd "$tree" && timeout -k 5 $((left < 170 ? left : 170)) "$py" -m pytest -q -m gpu -rfE \
+    --tb=short -p no:cacheprovider -o addopts="" -o timeout=150 --junitxml="$tree/gpu.xml" \
+    tests/kernels/test_gpu.py tests/agent/test_collectives_cuda.py tests/trainer/test_gpu.py 2>&1 |
+    tail -60)
+  read -r passed failed < <("$py" "$root/bench/gpu/summary.py" --junit "$tree/gpu.xml" --counts)
+else
+  echo '<testsuite tests="0"/>' >"$tree/gpu.xml" # not run: no test counted, none failed
+fi
 
+stage cuda_jobs 150 "$py" -m pytest -q -s -p no:cacheprovider -o addopts="" \
+  --junitxml="$tree/cuda_jobs.xml" tests/realjobs/test_cuda_jobs.py
+if selected cuda_jobs; then
+  "$py" "$root/bench/gpu/summary.py" --junit "$tree/cuda_jobs.xml" --counts-as cuda_jobs |
+    tee -a "$tree/cuda_jobs.out"
+fi
 stage nvml 25 "$py" "$root/bench/gpu/nvml_sample.py" --seconds 10
 stage nccl_pair 45 "$py" "$root/bench/gpu/nccl_pair.py" --delay-ms 50 --timeout 40
 stage figures 140 "$py" "$root/bench/diag_bench.py" --device cuda \

@@ -5,6 +5,7 @@ stage order, the `gpu`-marked tests' counts come from pytest's JUnit XML, and a 
 no figures (timed out, crashed, skipped) is named with its exit status in `stages_failed`.
 Usage: summary.py --junit gpu.xml --stage NAME OUTPUT_FILE EXIT_STATUS [--stage ...]
        summary.py --junit gpu.xml --counts     (prints "PASSED FAILED" of the tests alone)
+       summary.py --junit X.xml --counts-as X  (prints {"X_passed": P, "X_failed": F})
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def main() -> None:
     parser.add_argument("--stage", nargs=3, action="append", default=[],
                         metavar=("NAME", "OUTPUT", "STATUS"))  # fmt: skip
     parser.add_argument("--counts", action="store_true", help="print the test counts alone")
+    parser.add_argument("--counts-as", metavar="NAME", help="print them as one JSON object")
     args = parser.parse_args()
     passed, failed = test_counts(args.junit)
     if args.counts:
         print(passed, failed)
+        return
+    if args.counts_as:
+        print(json.dumps({f"{args.counts_as}_passed": passed, f"{args.counts_as}_failed": failed}))
         return
     merged: dict[str, Any] = dict.fromkeys(DIAG_KEYS, 0.0)
     merged.update(gpu_tests_passed=passed, gpu_tests_failed=failed)

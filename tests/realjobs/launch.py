@@ -44,9 +44,10 @@ def launch(
     rank_env: dict[int, dict[str, str]] | None = None,
     rank_prefix: dict[int, list[str]] | None = None,
     master_addr: str = "127.0.0.1",
+    device: str = "cpu",
 ) -> Launch:
     """`rank_env` / `rank_prefix`: per-rank extra environment and a command prefix (e.g.
-    `ip netns exec NS` for a rank behind a slow link)."""
+    `ip netns exec NS` for a rank behind a slow link); `device`: train.py's `--device`."""
     out.mkdir(parents=True, exist_ok=True)
     logs = out / f"launch-{wrapper}-{time.monotonic_ns()}"
     logs.mkdir()
@@ -74,6 +75,8 @@ def launch(
             cmd += ["--collector", collector]
         if progress_dir is not None:
             cmd += ["--progress-dir", str(progress_dir)]
+        if device != "cpu":
+            cmd += ["--device", device]
         with open(logs / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(

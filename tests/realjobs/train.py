@@ -9,7 +9,13 @@ One launch runs several cases in turn, each a vigil job of its own (init ... shu
 process group start serves many cases. Launched like torchrun launches (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT in the environment):
 
-    python train.py --wrapper ddp --cases cases.json --out DIR [--collector URL]
+    python train.py --wrapper ddp --cases cases.json --out DIR [--collector URL] [--device cuda]
+
+`--device cuda` puts each rank's model and batches on GPU LOCAL_RANK % (GPUs there are), with
+NCCL when every rank has a GPU of its own and gloo (which reduces CUDA tensors through the host)
+when ranks share one; wrappers ddp and plain. There a slow rank is slow on the device: its delay
+is a kernel that spins on its stream (`torch.cuda._sleep`), which no CPU clock of its own sees,
+except in data loading, which is host work.
 
 Wrappers: ddp (DistributedDataParallel, its all-reduce inside C++), fsdp (FSDP2 fully_shard),
 tp (DTensor tensor parallelism), pp (torch.distributed.pipelining, 1F1B), plain (a loop that
@@ -49,8 +55,36 @@ MICROBATCHES = 4  # of the pipeline's 1F1B schedule
 WARMUP = 6  # fault-free steps whose median step time sizes every injected delay
 
 
+class Spinner:
+    """Spends a given time where the job computes: the host sleeps on CPU; on CUDA a kernel
+    spins on the current stream for that long (`torch.cuda._sleep`, calibrated once)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cycles_per_s = 0.0
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # warm up
+            start.record()
+            torch.cuda._sleep(20_000_000)
+            end.record()
+            end.synchronize()
+            self.cycles_per_s = 20_000_000 / (start.elapsed_time(end) / 1000.0)
+
+    def __call__(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self.cycles_per_s:
+            torch.cuda._sleep(int(seconds * self.cycles_per_s))
+        else:
+            time.sleep(seconds)
+
+
+CPU = torch.device("cpu")
+SPIN = Spinner(CPU)  # replaced by a CUDA one under --device cuda
+
+
 class _SlowBackward(torch.autograd.Function):
-    """Identity forward; its backward sleeps while `SlowPoint.delay_s` is set (a slow layer)."""
+    """Identity forward; its backward is slow while `SlowPoint.delay_s` is set (a slow layer)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, point: SlowPoint) -> torch.Tensor:
@@ -60,7 +94,7 @@ class _SlowBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         if ctx.point.delay_s > 0:
-            time.sleep(ctx.point.delay_s / ctx.point.calls)
+            SPIN(ctx.point.delay_s / ctx.point.calls)
         return grad, None
 
 
@@ -76,7 +110,7 @@ class SlowPoint(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.forward_s > 0:
-            time.sleep(self.forward_s / self.calls)
+            SPIN(self.forward_s / self.calls)
         return _SlowBackward.apply(x, self)  # type: ignore[no-any-return]
 
 
@@ -109,20 +143,25 @@ class Net(torch.nn.Module):
 class Job:
     """One wrapper's model, optimizer and train step."""
 
-    def __init__(self, wrapper: str, rank: int, world: int) -> None:
-        self.wrapper, self.rank, self.world = wrapper, rank, world
+    def __init__(self, wrapper: str, rank: int, world: int, device: torch.device = CPU) -> None:
+        self.wrapper, self.rank, self.world, self.device = wrapper, rank, world, device
+        if device.type == "cuda" and wrapper not in ("ddp", "plain"):
+            raise SystemExit(f"--device cuda runs wrappers ddp and plain, not {wrapper!r}")
         torch.manual_seed(0)
         self.schedule: Any = None
         self.stage_module: Any = None
         if wrapper == "pp":
             self._build_pipeline()
         else:
-            net = Net()
+            net = Net().to(device)
             self.slow = net.slow
             if wrapper == "ddp":
                 from torch.nn.parallel import DistributedDataParallel
 
-                self.model: torch.nn.Module = DistributedDataParallel(net, bucket_cap_mb=1)
+                ids = [device.index] if device.type == "cuda" else None
+                self.model: torch.nn.Module = DistributedDataParallel(
+                    net, device_ids=ids, bucket_cap_mb=1
+                )
             elif wrapper == "fsdp":
                 from torch.distributed.fsdp import fully_shard
 
@@ -184,7 +223,7 @@ class Job:
 
     def batch(self, step: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed * 100_003 + step * 31 + self.rank_for_data())
-        return torch.randn(BATCH, HIDDEN, generator=g)
+        return torch.randn(BATCH, HIDDEN, generator=g).to(self.device)
 
     def rank_for_data(self) -> int:
         # Tensor- and pipeline-parallel ranks see the same batch; data-parallel ones their own.
@@ -313,9 +352,10 @@ def run_case(
                 slow_forward = case.slow_delay(step, "forward")
                 job.slow.forward_s = slow_forward if job.schedule is not None else 0.0
                 pause = case.hang_here(step, "before") + case.noise_delay(step)
-                pause += slow_forward if job.schedule is None else 0.0
                 if pause:
                     time.sleep(pause)
+                if job.schedule is None:
+                    SPIN(slow_forward)
                 seconds = case.collective_hang(step)
                 if seconds:
                     _join_late(side, seconds, rank, case)
@@ -324,9 +364,7 @@ def run_case(
                 job.slow.delay_s = job.slow.forward_s = 0.0
                 job.opt.step()
                 job.opt.zero_grad()
-                delay = case.slow_delay(step, "optimizer")
-                if delay:
-                    time.sleep(delay)
+                SPIN(case.slow_delay(step, "optimizer"))
                 if loss is not None:
                     s.set_loss(loss.detach())
             if int(case.fault.get("step", -1)) == step and case.fault.get("where") == "checkpoint":
@@ -335,9 +373,11 @@ def run_case(
                     if case.mine("hang"):
                         time.sleep(float(case.fault.get("seconds", 10.0)))
                 dist.barrier()
+            if step < WARMUP and job.device.type == "cuda":
+                torch.cuda.synchronize()  # the warm-up's step times are the device's
             times.append(time.monotonic() - started)
             if step == WARMUP - 1:
-                case.base_s = _agreed_median(times)
+                case.base_s = _agreed_median(times, job.device)
     finally:
         for hog in hogs:
             hog.kill()
@@ -345,9 +385,9 @@ def run_case(
         vigil.agent.shutdown()
 
 
-def _agreed_median(times: list[float]) -> float:
+def _agreed_median(times: list[float], device: torch.device) -> float:
     """The warm-up's median step time, the same on every rank (the largest rank's)."""
-    t = torch.tensor([statistics.median(times[1:])])
+    t = torch.tensor([statistics.median(times[1:])], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
@@ -374,16 +414,25 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--collector", default=None)
     parser.add_argument("--progress-dir", default="/dev/shm/vigil")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    device, backend = CPU, "gloo"
+    if args.device == "cuda":
+        global SPIN
+        gpus, world = torch.cuda.device_count(), int(os.environ["WORLD_SIZE"])
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(gpus, 1))
+        torch.cuda.set_device(device)
+        backend = "nccl" if gpus >= world else "gloo"  # NCCL refuses two ranks on one GPU
+        SPIN = Spinner(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     side = dist.new_group(backend="gloo")  # only a hang-inside-a-collective case uses it
     with open(args.cases) as f:
         specs = json.load(f)
     for spec in specs:
         case = Case(spec, rank, world)
-        job = Job(args.wrapper, rank, world)
+        job = Job(args.wrapper, rank, world, device)
         dist.barrier()
         run_case(job, case, args, side, spec)
         job.close()
