@@ -24,16 +24,15 @@ halves of a straggler's signature) is flagged too (`StragglerConfig.corroborated
 
 from __future__ import annotations
 
-from collections import defaultdict
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from vigil import codec, schema
-from vigil.analyzer import config, engine, robust, streaming
+from tests.analyzer import recorded
+from tests.analyzer.recorded import analyse, named
+from vigil import schema
+from vigil.analyzer import config, robust
 
-DATA = Path(__file__).parent / "data" / "jsonl_pipeline"
+DATA = recorded.DATA / "jsonl_pipeline"
 # As scored before: each step's own MAD, compute alone.
 PER_STEP = config.AnalyzerConfig(
     straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0)
@@ -41,55 +40,29 @@ PER_STEP = config.AnalyzerConfig(
 COMPUTE_ALONE = config.AnalyzerConfig(straggler=config.StragglerConfig(corroborated_z=4.0))
 
 
-def _records(name: str) -> list[schema.Record]:
-    return [
-        codec.decode_json(line)
-        for path in sorted((DATA / name).glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
-
-
-def _streamed(records: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:
-    """Fed as the collector feeds them: every rank's records of one step in one batch."""
-    by_step: dict[int, list[schema.Record]] = defaultdict(list)
-    for r in records:
-        by_step[getattr(r, "step", -1)].append(r)
-    analyzer = streaming.StreamingAnalyzer(cfg)
-    found = [f for step in sorted(by_step) for f in analyzer.observe(by_step[step])]
-    return [f for f in found if f.state == schema.FindingState.OPEN]
-
-
-def _named(found: list[schema.Finding]) -> list[tuple[str, list[int]]]:
-    return [(f.kind.value, f.subjects.ranks) for f in found]
-
-
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_pipeline_stage_a_quarter_slower_is_named(mode: str) -> None:
-    records = _records("slow-stage")
-    analyse = engine.analyze_records if mode == "offline" else _streamed
-    assert _named(analyse(records, config.AnalyzerConfig())) == [("straggler", [2])]
+    records = recorded.records(DATA / "slow-stage")
+    assert named(analyse(mode, records)) == [("straggler", [2])]
     # Scored by each step's own MAD (before), the same job was not reported.
-    assert _named(analyse(records, PER_STEP)) == []
+    assert named(analyse(mode, records, PER_STEP)) == []
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_clean_jittery_pipeline_has_no_finding(mode: str) -> None:
-    records = _records("clean-jitter")
-    analyse = engine.analyze_records if mode == "offline" else _streamed
-    assert _named(analyse(records, config.AnalyzerConfig())) == []
-    assert _named(analyse(records, PER_STEP)) == [("straggler", [3])]
+    records = recorded.records(DATA / "clean-jitter")
+    assert named(analyse(mode, records)) == []
+    assert named(analyse(mode, records, PER_STEP)) == [("straggler", [3])]
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_stage_that_computes_more_and_waits_least_is_named_soon(mode: str) -> None:
-    records = _records("slow-forward")
-    analyse = engine.analyze_records if mode == "offline" else _streamed
-    (found,) = analyse(records, config.AnalyzerConfig())
+    records = recorded.records(DATA / "slow-forward")
+    (found,) = analyse(mode, records)
     assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [1])
     assert found.step_start <= 8 + 20  # within 20 steps of the onset
     # By its compute alone, the same stage was reported 29 steps after the onset.
-    (late,) = analyse(records, COMPUTE_ALONE)
+    (late,) = analyse(mode, records, COMPUTE_ALONE)
     assert late.subjects.ranks == [1] and late.step_start > 8 + 20
 
 

@@ -1,0 +1,43 @@
+"""Recorded real jobs for analyzer tests: the SDK's JSONL under data/, analysed offline or fed
+to the streaming analyzer as the collector feeds it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from vigil import codec, schema
+from vigil.analyzer import config, engine, streaming
+
+DATA = Path(__file__).parent / "data"
+
+
+def records(folder: Path) -> list[schema.Record]:
+    return [
+        codec.decode_json(line)
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def streamed(found_in: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:
+    """Fed as the collector feeds them: every rank's records of one step in one batch."""
+    by_step: dict[int, list[schema.Record]] = defaultdict(list)
+    for r in found_in:
+        by_step[getattr(r, "step", -1)].append(r)
+    analyzer = streaming.StreamingAnalyzer(cfg)
+    found = [f for step in sorted(by_step) for f in analyzer.observe(by_step[step])]
+    return [f for f in found if f.state == schema.FindingState.OPEN]
+
+
+def analyse(
+    mode: str, found_in: list[schema.Record], cfg: config.AnalyzerConfig | None = None
+) -> list[schema.Finding]:
+    """Findings of `mode` ("offline": `engine.analyze_records`, "online": `streamed`)."""
+    cfg = cfg or config.AnalyzerConfig()
+    return engine.analyze_records(found_in, cfg) if mode == "offline" else streamed(found_in, cfg)
+
+
+def named(found: list[schema.Finding]) -> list[tuple[str, list[int]]]:
+    return [(f.kind.value, f.subjects.ranks) for f in found]
