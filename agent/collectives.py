@@ -15,11 +15,14 @@ event marks the end on the device. A step's aggregates stay open to its ops stil
 until `release`. On CPU the monotonic clock is used.
 
 Exposed communication time (the step record's `comm_wait_s`): on CPU the training thread's time
-blocked in synchronous ops and waits (`blocked_s`). A synchronous op on CUDA counts its device
-time instead (`exposed_s`: the issuing stream waits from its launch event to its end), not the
-host's time in the call, which can hold the rank's own queued kernels too (gloo on CUDA
-tensors first waits for the stream to reach the op): that is compute, and counting it as wait
-hides a rank that is slow on its device.
+blocked in synchronous ops and waits (`blocked_s`). On CUDA the device's instead (`exposed_s`),
+not the host's time in the call or wait, which can hold the rank's own queued kernels too (gloo
+on CUDA tensors first waits for the stream to reach the op): that is compute, and counting it as
+wait hides a rank that is slow on its device; with NCCL the host does not wait at all. A
+synchronous op's stream waits from its launch event to its end; an asynchronous op waited for
+on the training thread (`Work.wait`, `wait_tensor`) exposes the time from an event recorded on
+the waiting stream at the wait (`begin_device_wait`) to the op's end, nothing if the op ended
+before the stream got there.
 
 Every hook is fail-open: an internal error is counted and the original call proceeds untouched.
 This module must not do I/O beyond the progress page, and never blocks.
@@ -88,7 +91,10 @@ class _Pending:
     step: int
     cuda_start: Any = None  # the launch event on the op's CUDA device
     device: int = -1  # that device's index
-    exposed: bool = False  # a synchronous CUDA op: its device time is exposed wait
+    # CUDA: the event from which the op's time is exposed wait (a synchronous op's launch
+    # event; the waiting stream's event at a wait), None while nothing waits for it.
+    exposed_from: Any = None
+    resolved: bool = False  # its device time has been read
 
 
 class CollectiveRecorder:
@@ -197,7 +203,8 @@ class CollectiveRecorder:
         try:
             now = self._clock()
             if pending.cuda_start is not None:
-                pending.exposed = sync  # its device time, not this thread's, is the wait
+                if sync:  # its device time, not this thread's, is the wait
+                    pending.exposed_from = pending.cuda_start
                 with self._lock:
                     self._cuda_pending.append((pending, _cuda_event(pending.device)))
                     self._on_device[pending.step] += 1
@@ -216,10 +223,17 @@ class CollectiveRecorder:
             self._on_error(exc)
 
     def _complete(
-        self, pending: _Pending, duration: float, end: float, *, from_device: bool = False
+        self,
+        pending: _Pending,
+        duration: float,
+        end: float,
+        *,
+        from_device: bool = False,
+        exposed: float = 0.0,
     ) -> None:
         """Count a completed op in the current step's aggregates (`from_device`: a CUDA op
-        read from its events, in those of the step that launched it while they are open)."""
+        read from its events, in those of the step that launched it while they are open;
+        `exposed`: its device time that a stream waited for)."""
         site, nbytes, seq = pending.site, pending.nbytes, pending.seq
         with self._lock:
             window = site.baselines.get(nbytes)
@@ -248,8 +262,7 @@ class CollectiveRecorder:
                 agg.wait_s += wait
             if seq > agg.last_seq:
                 agg.last_seq, agg.last_s = seq, duration
-            if pending.exposed:
-                agg.exposed_s += duration
+            agg.exposed_s += exposed
             self.collective_s += duration
         page = self._page
         if page is not None:
@@ -276,9 +289,28 @@ class CollectiveRecorder:
         except Exception as exc:  # fail-open
             self._on_error(exc)
 
-    def wait_blocked(self, seconds: float) -> None:
-        if threading.get_ident() == self.training_thread:
+    def wait_blocked(self, seconds: float, pending: _Pending | None = None) -> None:
+        """The training thread waited `seconds` on the host (for `pending`, where known). A
+        CUDA op's wait is its device's (`begin_device_wait`), not the host's."""
+        if threading.get_ident() == self.training_thread and (
+            pending is None or pending.cuda_start is None
+        ):
             self.blocked_s += seconds
+
+    def begin_device_wait(self, pending: _Pending) -> None:
+        """The training thread is about to wait for asynchronous CUDA op `pending`: the current
+        stream waits for it from here, so the op's device time past this point is exposed."""
+        if (
+            pending.cuda_start is None
+            or pending.resolved
+            or pending.exposed_from is not None
+            or threading.get_ident() != self.training_thread
+        ):
+            return
+        try:
+            pending.exposed_from = _cuda_event(pending.device)
+        except Exception as exc:  # fail-open
+            self._on_error(exc)
 
     def now(self) -> float:
         """The recorder's clock (monotonic seconds unless a test gave another)."""
@@ -329,10 +361,20 @@ class CollectiveRecorder:
         keep = []
         for item, end_event in pending:
             seconds = device_elapsed(item.cuda_start, end_event, item.device)
-            if seconds is not None:
-                self._complete(item, seconds, item.start + seconds, from_device=True)
-            else:
+            if seconds is None:
                 keep.append((item, end_event))
+                continue
+            item.resolved = True
+            # Read after the end completed: a wait begun later comes after the op's end.
+            since = item.exposed_from
+            exposed = 0.0
+            if since is item.cuda_start:
+                exposed = seconds
+            elif since is not None:  # a wait: nothing exposed if its stream got there later
+                with _device_guard(item.device):
+                    if since.query():
+                        exposed = max(0.0, float(since.elapsed_time(end_event)) / 1000.0)
+            self._complete(item, seconds, item.start + seconds, from_device=True, exposed=exposed)
         with self._lock:
             self._cuda_pending[:0] = keep  # in launch order, before ops added meanwhile
 

@@ -110,11 +110,12 @@ def _wrap_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(tensor)
         recorder, pending = entry
         recorder.enter_wait(pending)
+        recorder.begin_device_wait(pending)  # on CUDA the stream waits from here
         start = time.monotonic()
         try:
             return fn(tensor)
         finally:
-            recorder.wait_blocked(time.monotonic() - start)
+            recorder.wait_blocked(time.monotonic() - start, pending)
             recorder.leave_wait(pending)
             recorder.finish(pending, sync=False)
 

@@ -173,7 +173,8 @@ def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -
         _waitable.pop(next(iter(_waitable)))
 
     def done(_f: Any) -> None:
-        _waitable.pop(key, None)
+        if pending.cuda_start is None:  # a CUDA op's entry stays for its wait (see _wrap_wait)
+            _waitable.pop(key, None)
         recorder.finish(pending, sync=False)
 
     _waitable[key] = (recorder, pending, False)  # before: a done future calls back at once
@@ -200,15 +201,20 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
         waited = _waitable.get(id(self))
         if waited is not None:
             waited[0].enter_wait(waited[1])
+            waited[0].begin_device_wait(waited[1])  # on CUDA the stream waits from here
         start = time.monotonic()
         try:
             return original(self, *args, **kwargs)
         finally:
             try:
-                recorder.wait_blocked(time.monotonic() - start)
+                recorder.wait_blocked(
+                    time.monotonic() - start, waited[1] if waited is not None else None
+                )
                 if waited is not None:
                     owner, pending, finish_here = waited
                     owner.leave_wait(pending)
+                    if pending.cuda_start is not None:  # its completion already ran
+                        _waitable.pop(id(self), None)
                     if finish_here:
                         _waitable.pop(id(self), None)
                         owner.finish(pending, sync=False)

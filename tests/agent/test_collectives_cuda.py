@@ -212,6 +212,43 @@ def test_bookkeeping_session_holds_a_steps_records_until_its_device_collectives_
     assert sorted(r.step for r in records if isinstance(r, schema.StepRecord)) == [0, 1]
 
 
+def test_bookkeeping_a_waited_async_op_exposes_its_device_time_past_the_wait(
+    device: _Device,
+) -> None:
+    """An asynchronous op that the training thread waits for exposes the device time from the
+    waiting stream's event at the wait to the op's end; nothing when the op ended first, or
+    when the stream got to the wait after the op's end; the host's wait is not counted."""
+    cpu = [0.0]
+    recorder = _recorder(cpu)
+    # (stream reaches the wait at, the op ends at, the wait's event has completed)
+    for wait_at, end_at, reached, exposed in [
+        (0.1, 0.3, True, 0.2),  # the stream waited 0.2 s for the op
+        (0.4, 0.3, True, 0.0),  # the op had ended when the stream got there
+        (0.2, 0.3, False, 0.0),  # the stream is not there yet though the op has ended
+    ]:
+        device.time = 0.0
+        pending = recorder.begin("all_gather_into_tensor", None, _tensor(), None, blocking=False)
+        device.time = wait_at
+        recorder.begin_device_wait(pending)
+        device.events[-1].done = reached
+        device.time = end_at
+        recorder.finish(pending, sync=False)  # the future's callback, its stream after the op
+        cpu[0] += 1.0
+        recorder.wait_blocked(1.0, pending)  # the host's time in the wait
+        aggs, blocked, _ = recorder.swap()
+        assert blocked == 0.0
+        assert collectives.exposed_s(aggs) == pytest.approx(exposed)
+    # A wait that begins once the op's time has been read adds nothing.
+    pending = recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
+    recorder.finish(pending, sync=False)
+    recorder.resolve_cuda()
+    events = len(device.events)
+    recorder.begin_device_wait(pending)
+    assert len(device.events) == events
+    recorder.wait_blocked(0.5)  # a wait for an op the SDK does not know: the host's time
+    assert recorder.swap()[1] == 0.5
+
+
 def test_bookkeeping_step_record_wait_and_data_time_are_the_devices(
     device: _Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
