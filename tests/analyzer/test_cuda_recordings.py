@@ -9,6 +9,9 @@ kernel spins on its stream), so its host never waits for anything of its own:
   before each forward. The host returns from a synchronous all-reduce only once its own queued
   kernels have run too, so the host's time there is the same on every rank; each op's device
   time (the step record's `comm_wait_s` on CUDA) is not: rank 1 waits least.
+- plain_async-forward-2x/: the same loop launching every all-reduce asynchronously, then
+  waiting for each (`Work.wait`); rank 1 spins a whole step before each forward. A waited op
+  exposes its device time from the waiting stream's event at the wait to the op's end.
 - plain-optimizer-2x/, ddp-optimizer-2x/: rank 3 spins a whole step after its optimizer step.
   Its next batch's copy from pageable memory (inside `span("data")`) waits for that spin on
   the host; the span's device-idle time (`data_s` on CUDA) leaves it out, so the rank is a
@@ -28,6 +31,7 @@ from vigil import schema
 DATA = recorded.DATA / "jsonl_cuda"
 CASES = [
     ("plain-forward-1.25x", [("straggler", [1])]),
+    ("plain_async-forward-2x", [("straggler", [1])]),
     ("plain-optimizer-2x", [("straggler", [3])]),
     ("ddp-optimizer-2x", [("straggler", [3])]),
     ("plain-clean", []),

@@ -13,13 +13,14 @@ MASTER_ADDR, MASTER_PORT in the environment):
 
 `--device cuda` puts each rank's model and batches on GPU LOCAL_RANK % (GPUs there are), with
 NCCL when every rank has a GPU of its own and gloo (which reduces CUDA tensors through the host)
-when ranks share one; wrappers ddp and plain. There a slow rank is slow on the device: its delay
-is a kernel that spins on its stream (`torch.cuda._sleep`), which no CPU clock of its own sees,
-except in data loading, which is host work.
+when ranks share one; wrappers ddp, plain and plain_async. There a slow rank is slow on the
+device: its delay is a kernel that spins on its stream (`torch.cuda._sleep`), which no CPU clock
+of its own sees, except in data loading, which is host work.
 
 Wrappers: ddp (DistributedDataParallel, its all-reduce inside C++), fsdp (FSDP2 fully_shard),
 tp (DTensor tensor parallelism), pp (torch.distributed.pipelining, 1F1B), plain (a loop that
-all-reduces its gradients itself with dist.all_reduce), fsdp_tp (tensor parallel within pairs
+all-reduces its gradients itself with dist.all_reduce), plain_async (the same, launching every
+gradient's all-reduce asynchronously, then waiting for each), fsdp_tp (tensor parallel within pairs
 of ranks, FSDP2 across them: a 2-D mesh). A case is a JSON object:
     {"job": NAME, "steps": N, "fault": {...} | null, "noise": {...} | null, "seed": S}
 fault kinds: slow (rank, factor, where = forward | backward | optimizer | data, from_step,
@@ -145,8 +146,8 @@ class Job:
 
     def __init__(self, wrapper: str, rank: int, world: int, device: torch.device = CPU) -> None:
         self.wrapper, self.rank, self.world, self.device = wrapper, rank, world, device
-        if device.type == "cuda" and wrapper not in ("ddp", "plain"):
-            raise SystemExit(f"--device cuda runs wrappers ddp and plain, not {wrapper!r}")
+        if device.type == "cuda" and wrapper not in ("ddp", "plain", "plain_async"):
+            raise SystemExit(f"--device cuda runs wrappers ddp, plain and plain_async: {wrapper!r}")
         torch.manual_seed(0)
         self.schedule: Any = None
         self.stage_module: Any = None
@@ -201,7 +202,7 @@ class Job:
                 for block in net.blocks:
                     fully_shard(block, mesh=mesh["dp"])
                 self.model = fully_shard(net, mesh=mesh["dp"])
-            elif wrapper == "plain":
+            elif wrapper in ("plain", "plain_async"):
                 self.model = net
             else:
                 raise SystemExit(f"unknown wrapper {wrapper!r}")
@@ -249,6 +250,12 @@ class Job:
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad.div_(self.world)
+        elif self.wrapper == "plain_async":  # every all-reduce in flight, then each waited for
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            works = [dist.all_reduce(g, async_op=True) for g in grads]
+            for work, g in zip(works, grads, strict=True):
+                work.wait()
+                g.div_(self.world)
         return loss
 
     def close(self) -> None:
