@@ -20,14 +20,19 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # `tests` when not run by run.sh
+
+from tests.realjobs.train import Spinner  # the real-job script's calibrated device spin
 from vigil.agent import collectives as sdk_collectives
 from vigil.agent import patching
 from vigil.kernels import collectives
@@ -37,14 +42,9 @@ REPS = 5
 
 
 def cycles_per_ms() -> float:
-    """GPU clock cycles `torch.cuda._sleep` spins per millisecond on this device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # warm up
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return 20_000_000 / start.elapsed_time(end)
+    """GPU clock cycles `torch.cuda._sleep` spins per millisecond on the current device."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    return Spinner(device).cycles_per_s / 1000.0
 
 
 def timed_all_reduces(

@@ -91,6 +91,22 @@ def _raise(exc: BaseException) -> None:
     raise exc
 
 
+def _session(tmp_path: Path) -> Any:
+    """A one-rank session writing JSONL under tmp_path/out/unit; the test runs the flusher's
+    settling itself."""
+    session = vigil.agent.init(
+        job="unit",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=60.0,
+    )
+    assert session is not None
+    return session
+
+
 def _tensor() -> torch.Tensor:
     return torch.ones(256).as_subclass(_CudaLike)
 
@@ -179,16 +195,7 @@ def test_bookkeeping_session_holds_a_steps_records_until_its_device_collectives_
 ) -> None:
     """The flusher builds a step's records once its ops have ended on the device, so their
     device time counts in the step that launched them, not in a later one."""
-    session = vigil.agent.init(
-        job="unit",
-        output_dir=tmp_path / "out",
-        progress_dir=tmp_path / "pages",
-        rank=0,
-        world_size=1,
-        measure_cpu_peak=False,
-        flush_interval_s=60.0,  # the test runs the flusher's settling itself
-    )
-    assert session is not None
+    session = _session(tmp_path)
     try:
         with vigil.agent.step(0, tokens=1):
             pending = session.recorder.begin("all_reduce", None, _tensor(), None, blocking=False)
@@ -257,16 +264,7 @@ def test_bookkeeping_step_record_wait_and_data_time_are_the_devices(
     finishes earlier work (a copy from pageable memory waits for the stream) is computing."""
     monkeypatch.setattr(collectives, "stream_event", device.record)
     clock = [time.monotonic()]  # the session's clock, stepped by the test
-    session = vigil.agent.init(
-        job="unit",
-        output_dir=tmp_path / "out",
-        progress_dir=tmp_path / "pages",
-        rank=0,
-        world_size=1,
-        measure_cpu_peak=False,
-        flush_interval_s=60.0,
-    )
-    assert session is not None
+    session = _session(tmp_path)
     session._cuda_device = DEVICE  # as after a first step on the GPU
     session._clock = session.recorder._clock = lambda: clock[0]
     try:
