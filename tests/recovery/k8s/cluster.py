@@ -126,11 +126,21 @@ class Cluster:
         statuses (409, 429), one each; the request changes nothing."""
         self.k.faults.setdefault((method, path_fragment), []).extend(statuses)
 
-    def client(self, agent: str = "vigil") -> client.ApiClient:
+    def client(self, agent: str = "vigil", timeout_s: float | None = None) -> client.ApiClient:
+        """An official client of this cluster; `timeout_s`: each request's default timeout."""
         configuration = client.Configuration()
         configuration.host = self.url
         api = client.ApiClient(configuration)
         api.user_agent = agent
+        if timeout_s is not None:
+            call_api = api.call_api
+
+            def bounded(*args: Any, **kwargs: Any) -> Any:
+                if kwargs.get("_request_timeout") is None:
+                    kwargs["_request_timeout"] = timeout_s
+                return call_api(*args, **kwargs)
+
+            api.call_api = bounded  # type: ignore[method-assign]
         return api
 
     def calls(self) -> list[Call]:
@@ -239,7 +249,9 @@ class FakeJobSetController:
     def __init__(self, cluster: Cluster, ns: str, *, tick_s: float = 0.05) -> None:
         self.cluster = cluster
         self.ns = ns
-        api = cluster.client(FAKE_AGENT)
+        # Bounded: once in a CI run a request of this thread never got its answer, so it
+        # never restarted the JobSet and the test timed out; a timed-out tick is retried.
+        api = cluster.client(FAKE_AGENT, timeout_s=10.0)
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
