@@ -167,9 +167,11 @@ def _global_rank(group: Any, group_rank: int) -> int:
 
 def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -> None:
     # Remembered while in flight for Work.wait, which marks the rank as in this collective
-    # while it blocks there (no reference to the Work: its buffers must not outlive it).
+    # while it blocks there (no reference to the Work: its buffers must not outlive it). A
+    # CUDA op's future completes at enqueue: its entry stays until its wait, which times the
+    # device's wait from there (`begin_device_wait`).
     key = id(work)
-    if len(_waitable) >= _MAX_WAITABLE:  # a safety net: entries leave when their op completes
+    if len(_waitable) >= _MAX_WAITABLE:  # a safety net: entries leave at completion or wait
         _waitable.pop(next(iter(_waitable)))
 
     def done(_f: Any) -> None:
@@ -184,8 +186,8 @@ def _on_completion(recorder: CollectiveRecorder, pending: _Pending, work: Any) -
         _waitable[key] = (recorder, pending, True)
 
 
-# In-flight asynchronous ops by id(Work): (recorder, op, whether its wait() completes it).
-# Bounded, oldest forgotten first.
+# Asynchronous ops in flight (on CUDA: not yet waited for) by id(Work): (recorder, op, whether
+# its wait() completes it). Bounded, oldest forgotten first.
 _MAX_WAITABLE = 4096
 _waitable: dict[int, tuple[CollectiveRecorder, _Pending, bool]] = {}
 
@@ -213,7 +215,7 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
                 if waited is not None:
                     owner, pending, finish_here = waited
                     owner.leave_wait(pending)
-                    if pending.cuda_start is not None:  # its completion already ran
+                    if pending.cuda_start is not None:  # waited: its entry is done with
                         _waitable.pop(id(self), None)
                     if finish_here:
                         _waitable.pop(id(self), None)
