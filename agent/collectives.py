@@ -60,7 +60,7 @@ class _Agg:
     wait_s: float = 0.0
     last_seq: int = 0
     last_s: float = 0.0  # duration of the op with the highest sequence number
-    exposed_s: float = 0.0  # device time of synchronous CUDA ops (the stream waited for them)
+    exposed_s: float = 0.0  # CUDA ops' device time that a stream waited for (module docstring)
 
 
 class _Site:
@@ -186,7 +186,7 @@ class CollectiveRecorder:
         seq, index, step = next(site.seqs), next(self._indices), self.step
         pending = _Pending(index, site, seq, nbytes, now, step)
         if device >= 0:  # timed on the device (see finish)
-            pending.cuda_start, pending.device = _cuda_event(device), device
+            pending.cuda_start, pending.device = stream_event(device), device
         page = self._page
         if page is not None:
             page.begin_event(
@@ -206,7 +206,7 @@ class CollectiveRecorder:
                 if sync:  # its device time, not this thread's, is the wait
                     pending.exposed_from = pending.cuda_start
                 with self._lock:
-                    self._cuda_pending.append((pending, _cuda_event(pending.device)))
+                    self._cuda_pending.append((pending, stream_event(pending.device)))
                     self._on_device[pending.step] += 1
             else:
                 self._complete(pending, now - pending.start, now)
@@ -308,7 +308,7 @@ class CollectiveRecorder:
         ):
             return
         try:
-            pending.exposed_from = _cuda_event(pending.device)
+            pending.exposed_from = stream_event(pending.device)
         except Exception as exc:  # fail-open
             self._on_error(exc)
 
@@ -371,9 +371,7 @@ class CollectiveRecorder:
             if since is item.cuda_start:
                 exposed = seconds
             elif since is not None:  # a wait: nothing exposed if its stream got there later
-                with _device_guard(item.device):
-                    if since.query():
-                        exposed = max(0.0, float(since.elapsed_time(end_event)) / 1000.0)
+                exposed = device_elapsed(since, end_event, item.device) or 0.0
             self._complete(item, seconds, item.start + seconds, from_device=True, exposed=exposed)
         with self._lock:
             self._cuda_pending[:0] = keep  # in launch order, before ops added meanwhile
@@ -383,15 +381,15 @@ StepAggregates = dict[_Site, _Agg]
 
 
 def exposed_s(aggs: StepAggregates) -> float:
-    """The device time of a step's synchronous CUDA ops (see the module docstring)."""
+    """A step's CUDA ops' device time that a stream waited for (see the module docstring)."""
     return sum(a.exposed_s for a in aggs.values())
 
 
 def device_elapsed(start: Any, end: Any, device: int) -> float | None:
-    """Seconds from CUDA event `start` to `end` on `device` (recorded in that order), or None
-    while `end` has not completed. Never blocks."""
+    """Seconds from CUDA event `start` to `end` on `device` (0 when `end` came first), or None
+    while either has not completed. Never blocks."""
     with _device_guard(device):  # never a context on another device
-        if not end.query():
+        if not (end.query() and start.query()):
             return None
         return max(0.0, float(start.elapsed_time(end)) / 1000.0)
 
@@ -462,6 +460,3 @@ def stream_event(device: int) -> Any:
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record(torch.cuda.current_stream(device))
     return event
-
-
-_cuda_event = stream_event  # the recorder's own reference (tests stand in for it)

@@ -5,7 +5,7 @@ events on the streams it hands its callbacks order after the op's kernels. The r
 every op on a CUDA tensor by a launch event on the issuing stream and an end event on the stream
 current where its completion is observed, on the op's own device, read without blocking.
 
-The CPU tests (`test_bookkeeping_*`) replace vigil's two event functions (`_cuda_event`,
+The CPU tests (`test_bookkeeping_*`) replace vigil's two event functions (`stream_event`,
 `_device_guard`) with stand-ins stamped by a settable device clock, on a CPU tensor that says it
 lives on CUDA device 3: they check what the recorder does with an event pair (durations, the step
 an op counts in, holding and releasing steps, blocked time, the device made current), and cannot
@@ -78,7 +78,7 @@ class _Device:
 @pytest.fixture
 def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Device]:
     fake = _Device()
-    monkeypatch.setattr(collectives, "_cuda_event", fake.record)
+    monkeypatch.setattr(collectives, "stream_event", fake.record)
     monkeypatch.setattr(collectives, "_device_guard", fake.guard)
     yield fake
 
@@ -257,12 +257,11 @@ def test_bookkeeping_a_waited_async_op_exposes_its_device_time_past_the_wait(
 
 
 def test_bookkeeping_step_record_wait_and_data_time_are_the_devices(
-    device: _Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    device: _Device, tmp_path: Path
 ) -> None:
     """On CUDA a step's `comm_wait_s` is its synchronous ops' device time and its `data_s` the
     part of its data span the device was idle: a host blocked there while its own device
     finishes earlier work (a copy from pageable memory waits for the stream) is computing."""
-    monkeypatch.setattr(collectives, "stream_event", device.record)
     clock = [time.monotonic()]  # the session's clock, stepped by the test
     session = _session(tmp_path)
     session._cuda_device = DEVICE  # as after a first step on the GPU
@@ -337,7 +336,7 @@ def test_bookkeeping_ddp_hook_on_a_future_that_completes_at_enqueue(
         device.time += 0.75  # the all-reduce's kernels run after the launch event
         return event
 
-    monkeypatch.setattr(collectives, "_cuda_event", record)
+    monkeypatch.setattr(collectives, "stream_event", record)
     fut = ddp_hook.ddp_comm_hook(_Group(), _Bucket(tensor))
     assert fut.value() is tensor
     assert torch.equal(tensor, torch.full((256,), 0.5))  # divided for the average (a SUM op)
