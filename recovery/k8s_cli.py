@@ -124,6 +124,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="advise mode: seconds a proposed change waits for approval (default 600)",
     )
     parser.add_argument(
+        "--api-timeout",
+        type=cli.positive_float,
+        default=10.0,
+        help="seconds one Kubernetes API request may take (default 10; keep it below "
+        "--lease-duration): a poll past it is skipped and retried at the next tick",
+    )
+    parser.add_argument(
         "--poll-interval",
         type=cli.non_negative_float,
         default=1.0,
@@ -156,7 +163,9 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"vigil controller: circuit breaker: {exc}\n")
         return 2
     try:
-        api = kube.Api(kube.connect(args.kubeconfig, args.context))
+        api = kube.Api(
+            kube.connect(args.kubeconfig, args.context), request_timeout_s=args.api_timeout
+        )
     except Exception as exc:  # a bad kubeconfig raises the client's own ConfigException
         sys.stderr.write(f"vigil controller: cannot reach the cluster: {exc}\n")
         return 2

@@ -91,6 +91,8 @@ class KubernetesExecutor:
     sleep: Callable[[float], None] = time.sleep
     # How often a wait (a restart, pods scheduled, a diagnostics Job) reads the job again.
     poll_s: float = 0.5
+    # Polls the API server did not answer in time (each skipped; see `poll`).
+    unanswered_polls: int = field(default=0, init=False)
     _seen_exits: set[tuple[str, int]] = field(default_factory=set, init=False)
     _problems: list[k8s_plan.Gap] = field(default_factory=list, init=False)
     # The pods a suspend took away (their replacements are the restart's sign).
@@ -322,6 +324,17 @@ class KubernetesExecutor:
         k8s_restart.resize_jobset(self, attempt, resize)
 
     def poll(self) -> list[RankExit]:
+        """The ranks whose pods ended since the last poll. A poll the API server does not answer
+        in time sees nothing, and says so: the controller polls again at its next tick, and acts
+        on nothing it could not read (an unrenewed Lease is renewed, or found lost, then)."""
+        try:
+            return self._poll()
+        except kube.ApiUnavailableError as exc:
+            self.unanswered_polls += 1
+            log.warning("%s: poll skipped (%d so far): %s", self.jobset, self.unanswered_polls, exc)
+            return []
+
+    def _poll(self) -> list[RankExit]:
         if self.lease is not None:
             self.lease.renew()  # LeaseLostError ends this controller: another one acts now
         generation, slots = self._current()

@@ -5,9 +5,12 @@
 it, list pods and nodes, patch a node from its fresh state, evict a pod, create and read a
 diagnostics Job and its pod's log, exec in a pod, the Lease) and retries 409 Conflict and 429
 Too Many Requests through the one backoff schedule (`vigil.delivery`); it counts its calls (the
-bench reports them). Lists come back as plain JSON (the client's model classes cost ~1 ms a
-pod). `JobSetAnnotations` is the journal's `AnnotationStore` on the job; `Lease` keeps one
-controller active. What to do with these calls is `k8s_executor.KubernetesExecutor` (and the
+bench reports them). Every request has a deadline (`request_timeout_s`, below the Lease's
+duration): an API server that accepts a connection and never answers would otherwise hold the
+controller, and the Lease it must renew, forever; past it a call raises `ApiUnavailableError`.
+Lists come back as plain JSON (the client's model classes cost ~1 ms a pod).
+`JobSetAnnotations` is the journal's `AnnotationStore` on the job; `Lease` keeps one controller
+active. What to do with these calls is `k8s_executor.KubernetesExecutor` (and the
 modules it uses: `k8s_guard`, `k8s_restart`, `k8s_plan`), which take an `Api` and never
 import the client.
 """
@@ -25,6 +28,7 @@ from typing import Any, TypeVar, cast
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from vigil.delivery import backoff_delays
 from vigil.recovery import k8s_plan
@@ -38,10 +42,17 @@ TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
 RETRY_ATTEMPTS = 8
+# A request's deadline, connect and read each: a third less than the Lease's default 15 s, so a
+# hung call ends (and the poll that made it is skipped) before another controller may take over.
+REQUEST_TIMEOUT_S = 10.0
 
 
 class LeaseLostError(RuntimeError):
     """Another controller holds the Lease: this one must stop acting."""
+
+
+class ApiUnavailableError(RuntimeError):
+    """The API server did not answer within the request's deadline, or the connection failed."""
 
 
 class RefusedError(RuntimeError):
@@ -49,14 +60,19 @@ class RefusedError(RuntimeError):
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
-    """An API client from the pod's service account (in a cluster) or a kubeconfig file."""
+    """An API client from the pod's service account (in a cluster) or a kubeconfig file. Its
+    transport does not retry by itself (urllib3 would repeat a read that timed out three times,
+    stretching `Api.request_timeout_s` fourfold): `Api.call` decides what is retried."""
+    configuration = k8s.Configuration()
+    configuration.retries = False
     if kubeconfig is None:
         try:
-            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return k8s.ApiClient()
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+            return k8s.ApiClient(configuration)
         except k8s_config.ConfigException:
             pass
-    configuration = k8s.Configuration()
     k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
         config_file=kubeconfig, context=context, client_configuration=configuration
     )
@@ -70,8 +86,15 @@ class Api:
     api_client: k8s.ApiClient
     sleep: Callable[[float], None] = time.sleep
     calls: int = 0
+    request_timeout_s: float = REQUEST_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        # The client's own keyword: (connect, read) seconds of one request.
+        self.t: dict[str, Any] = {
+            "_request_timeout": (self.request_timeout_s, self.request_timeout_s)
+        }
         self.core = k8s.CoreV1Api(self.api_client)
         self.batch = k8s.BatchV1Api(self.api_client)
         self.custom = k8s.CustomObjectsApi(self.api_client)
@@ -86,7 +109,7 @@ class Api:
                 self.sleep(delay)
             self.calls += 1
             try:
-                return fn()
+                return self.answered(fn)
             except ApiException as exc:
                 if exc.status in (403, 422):
                     raise RefusedError(f"{exc.status} {exc.reason}: {_message(exc)}") from exc
@@ -97,6 +120,16 @@ class Api:
         assert last is not None
         raise last
 
+    def answered(self, fn: Callable[[], T]) -> T:
+        """`fn()`, its transport failures (no answer within the deadline, a refused or reset
+        connection) raised as `ApiUnavailableError`."""
+        try:
+            return fn()
+        except TransportError as exc:
+            raise ApiUnavailableError(
+                f"the Kubernetes API did not answer (deadline {self.request_timeout_s:g} s): {exc}"
+            ) from exc
+
     def plain(self, obj: Any) -> dict[str, Any]:
         plain = self.api_client.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return cast(dict[str, Any], plain)
@@ -106,7 +139,9 @@ class Api:
     def get_custom(self, kind: tuple[str, str, str], ns: str, name: str) -> dict[str, Any]:
         group, version, plural = kind
         obj = self.call(
-            lambda: self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
+            lambda: self.custom.get_namespaced_custom_object(
+                group, version, ns, plural, name, **self.t
+            )
         )
         return cast(dict[str, Any], obj)
 
@@ -116,7 +151,7 @@ class Api:
         group, version, plural = kind
         self.call(
             lambda: self.custom.patch_namespaced_custom_object(
-                group, version, ns, plural, name, body
+                group, version, ns, plural, name, body, **self.t
             )
         )
 
@@ -129,27 +164,27 @@ class Api:
         """Pods by label selector (a server may ignore the selector: callers filter again)."""
         return self._items(
             lambda: self.core.list_namespaced_pod(
-                ns, label_selector=selector, _preload_content=False
+                ns, label_selector=selector, _preload_content=False, **self.t
             )
         )
 
     def nodes(self) -> list[dict[str, Any]]:
-        return self._items(lambda: self.core.list_node(_preload_content=False))
+        return self._items(lambda: self.core.list_node(_preload_content=False, **self.t))
 
     def read_node(self, name: str) -> dict[str, Any]:
-        raw: Any = self.call(lambda: self.core.read_node(name, _preload_content=False))
+        raw: Any = self.call(lambda: self.core.read_node(name, _preload_content=False, **self.t))
         return cast(dict[str, Any], json.loads(raw.data))
 
     def patch_node(self, name: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         """Patch node `name` with `build(its fresh state)`, read again on every retry (the body
         carries the resourceVersion it was built from)."""
-        self.call(lambda: self.core.patch_node(name, build(self.read_node(name))))
+        self.call(lambda: self.core.patch_node(name, build(self.read_node(name)), **self.t))
 
     def evict(self, ns: str, pod: str) -> bool:
         """The Eviction API on `pod`; False when the pod is gone already (404)."""
         body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod, namespace=ns))
         try:
-            self.call(lambda: self.core.create_namespaced_pod_eviction(pod, ns, body))
+            self.call(lambda: self.core.create_namespaced_pod_eviction(pod, ns, body, **self.t))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -159,7 +194,7 @@ class Api:
     def pod_log(self, ns: str, pod: str) -> str:
         # Raw bytes: a log is text whatever content type the server names it with.
         raw: Any = self.call(
-            lambda: self.core.read_namespaced_pod_log(pod, ns, _preload_content=False)
+            lambda: self.core.read_namespaced_pod_log(pod, ns, _preload_content=False, **self.t)
         )
         return bytes(raw.data).decode(errors="replace")
 
@@ -177,16 +212,17 @@ class Api:
                 stdout=True,
                 stdin=False,
                 tty=False,
+                _request_timeout=self.request_timeout_s,
             )
         )
 
     # -- Jobs (the node diagnostics) --------------------------------------------------------------
 
     def create_job(self, ns: str, body: dict[str, Any]) -> None:
-        self.call(lambda: self.batch.create_namespaced_job(ns, cast(Any, body)))
+        self.call(lambda: self.batch.create_namespaced_job(ns, cast(Any, body), **self.t))
 
     def job_status(self, ns: str, name: str) -> dict[str, Any]:
-        job = self.call(lambda: self.batch.read_namespaced_job(name, ns))
+        job = self.call(lambda: self.batch.read_namespaced_job(name, ns, **self.t))
         return cast(dict[str, Any], self.plain(job).get("status") or {})
 
     def _items(self, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -253,12 +289,22 @@ class Lease:
         """Take the Lease if it is free, expired or ours; False while another controller's."""
         coordination = self.api.coordination
         try:
-            lease = self.api.plain(coordination.read_namespaced_lease(self.name, self.namespace))
+            lease = self.api.plain(
+                self.api.answered(
+                    lambda: coordination.read_namespaced_lease(
+                        self.name, self.namespace, **self.api.t
+                    )
+                )
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
             try:
-                coordination.create_namespaced_lease(self.namespace, cast(Any, self._body(None)))
+                self.api.answered(
+                    lambda: coordination.create_namespaced_lease(
+                        self.namespace, cast(Any, self._body(None)), **self.api.t
+                    )
+                )
             except ApiException as exc2:
                 if exc2.status == 409:
                     return False  # another controller created it first
@@ -275,7 +321,9 @@ class Lease:
             return False
         body = self._body(lease["metadata"].get("resourceVersion"))
         self.api.call(
-            lambda: coordination.patch_namespaced_lease(self.name, self.namespace, cast(Any, body))
+            lambda: coordination.patch_namespaced_lease(
+                self.name, self.namespace, cast(Any, body), **self.api.t
+            )
         )
         self._renewed_s = self.clock()
         return True
