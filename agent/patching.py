@@ -215,10 +215,9 @@ def _wrap_wait(original: Callable[..., Any]) -> Callable[..., Any]:
                 if waited is not None:
                     owner, pending, finish_here = waited
                     owner.leave_wait(pending)
-                    if pending.cuda_start is not None:  # waited: its entry is done with
+                    if finish_here or pending.cuda_start is not None:  # done with its entry
                         _waitable.pop(id(self), None)
                     if finish_here:
-                        _waitable.pop(id(self), None)
                         owner.finish(pending, sync=False)
             except Exception as exc:
                 recorder._on_error(exc)

@@ -91,10 +91,7 @@ class Api:
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
-        # The client's own keyword: (connect, read) seconds of one request.
-        self.t: dict[str, Any] = {
-            "_request_timeout": (self.request_timeout_s, self.request_timeout_s)
-        }
+        bound_requests(self.api_client, self.request_timeout_s)
         self.core = k8s.CoreV1Api(self.api_client)
         self.batch = k8s.BatchV1Api(self.api_client)
         self.custom = k8s.CustomObjectsApi(self.api_client)
@@ -139,9 +136,7 @@ class Api:
     def get_custom(self, kind: tuple[str, str, str], ns: str, name: str) -> dict[str, Any]:
         group, version, plural = kind
         obj = self.call(
-            lambda: self.custom.get_namespaced_custom_object(
-                group, version, ns, plural, name, **self.t
-            )
+            lambda: self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
         )
         return cast(dict[str, Any], obj)
 
@@ -151,7 +146,7 @@ class Api:
         group, version, plural = kind
         self.call(
             lambda: self.custom.patch_namespaced_custom_object(
-                group, version, ns, plural, name, body, **self.t
+                group, version, ns, plural, name, body
             )
         )
 
@@ -164,27 +159,27 @@ class Api:
         """Pods by label selector (a server may ignore the selector: callers filter again)."""
         return self._items(
             lambda: self.core.list_namespaced_pod(
-                ns, label_selector=selector, _preload_content=False, **self.t
+                ns, label_selector=selector, _preload_content=False
             )
         )
 
     def nodes(self) -> list[dict[str, Any]]:
-        return self._items(lambda: self.core.list_node(_preload_content=False, **self.t))
+        return self._items(lambda: self.core.list_node(_preload_content=False))
 
     def read_node(self, name: str) -> dict[str, Any]:
-        raw: Any = self.call(lambda: self.core.read_node(name, _preload_content=False, **self.t))
+        raw: Any = self.call(lambda: self.core.read_node(name, _preload_content=False))
         return cast(dict[str, Any], json.loads(raw.data))
 
     def patch_node(self, name: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         """Patch node `name` with `build(its fresh state)`, read again on every retry (the body
         carries the resourceVersion it was built from)."""
-        self.call(lambda: self.core.patch_node(name, build(self.read_node(name)), **self.t))
+        self.call(lambda: self.core.patch_node(name, build(self.read_node(name))))
 
     def evict(self, ns: str, pod: str) -> bool:
         """The Eviction API on `pod`; False when the pod is gone already (404)."""
         body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod, namespace=ns))
         try:
-            self.call(lambda: self.core.create_namespaced_pod_eviction(pod, ns, body, **self.t))
+            self.call(lambda: self.core.create_namespaced_pod_eviction(pod, ns, body))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -194,7 +189,7 @@ class Api:
     def pod_log(self, ns: str, pod: str) -> str:
         # Raw bytes: a log is text whatever content type the server names it with.
         raw: Any = self.call(
-            lambda: self.core.read_namespaced_pod_log(pod, ns, _preload_content=False, **self.t)
+            lambda: self.core.read_namespaced_pod_log(pod, ns, _preload_content=False)
         )
         return bytes(raw.data).decode(errors="replace")
 
@@ -212,6 +207,7 @@ class Api:
                 stdout=True,
                 stdin=False,
                 tty=False,
+                # A number: the exec stream takes one timeout, not (connect, read).
                 _request_timeout=self.request_timeout_s,
             )
         )
@@ -219,10 +215,10 @@ class Api:
     # -- Jobs (the node diagnostics) --------------------------------------------------------------
 
     def create_job(self, ns: str, body: dict[str, Any]) -> None:
-        self.call(lambda: self.batch.create_namespaced_job(ns, cast(Any, body), **self.t))
+        self.call(lambda: self.batch.create_namespaced_job(ns, cast(Any, body)))
 
     def job_status(self, ns: str, name: str) -> dict[str, Any]:
-        job = self.call(lambda: self.batch.read_namespaced_job(name, ns, **self.t))
+        job = self.call(lambda: self.batch.read_namespaced_job(name, ns))
         return cast(dict[str, Any], self.plain(job).get("status") or {})
 
     def _items(self, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -230,6 +226,19 @@ class Api:
         and convert back, which a 1,000-pod job pays on every poll."""
         raw = self.call(fn)
         return list(json.loads(raw.data).get("items") or [])
+
+
+def bound_requests(api_client: k8s.ApiClient, seconds: float) -> None:
+    """Give every request `api_client` makes that names no timeout of its own a deadline of
+    `seconds` to connect and as long to read (the client's default is none)."""
+    call_api = api_client.call_api
+
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (seconds, seconds)
+        return call_api(*args, **kwargs)
+
+    api_client.call_api = bounded  # type: ignore[method-assign]
 
 
 def _message(exc: ApiException) -> str:
@@ -291,9 +300,7 @@ class Lease:
         try:
             lease = self.api.plain(
                 self.api.answered(
-                    lambda: coordination.read_namespaced_lease(
-                        self.name, self.namespace, **self.api.t
-                    )
+                    lambda: coordination.read_namespaced_lease(self.name, self.namespace)
                 )
             )
         except ApiException as exc:
@@ -302,7 +309,7 @@ class Lease:
             try:
                 self.api.answered(
                     lambda: coordination.create_namespaced_lease(
-                        self.namespace, cast(Any, self._body(None)), **self.api.t
+                        self.namespace, cast(Any, self._body(None))
                     )
                 )
             except ApiException as exc2:
@@ -321,9 +328,7 @@ class Lease:
             return False
         body = self._body(lease["metadata"].get("resourceVersion"))
         self.api.call(
-            lambda: coordination.patch_namespaced_lease(
-                self.name, self.namespace, cast(Any, body), **self.api.t
-            )
+            lambda: coordination.patch_namespaced_lease(self.name, self.namespace, cast(Any, body))
         )
         self._renewed_s = self.clock()
         return True

@@ -34,6 +34,8 @@ import kmock
 from kmock._internal import k8s as kmock_k8s
 from kubernetes import client
 
+from vigil.recovery import kubernetes as kube
+
 PODS = kmock.resource("", "v1", "pods")
 JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
@@ -133,14 +135,7 @@ class Cluster:
         api = client.ApiClient(configuration)
         api.user_agent = agent
         if timeout_s is not None:
-            call_api = api.call_api
-
-            def bounded(*args: Any, **kwargs: Any) -> Any:
-                if kwargs.get("_request_timeout") is None:
-                    kwargs["_request_timeout"] = timeout_s
-                return call_api(*args, **kwargs)
-
-            api.call_api = bounded  # type: ignore[method-assign]
+            kube.bound_requests(api, timeout_s)
         return api
 
     def calls(self) -> list[Call]:
