@@ -268,6 +268,38 @@ class PageWriter:
         live[3], live[4] = now_mono, now_wall
         self._write_live()
 
+    def step_begun(self, step: int, now_mono: float, now_wall: float) -> None:
+        """`progress(COMPUTE, now_mono=..., now_wall=..., step=step)`, positional (the step
+        boundary's hot path)."""
+        live = self._live
+        live[0] = _COMPUTE
+        live[2] = step
+        live[3], live[4], live[5] = now_mono, now_wall, now_mono
+        self._write_live()
+
+    def step_ended(
+        self,
+        step: int,
+        step_time_s: float,
+        mfu: float,
+        comm_wait_s: float,
+        collective_s: float,
+        now_mono: float,
+        now_wall: float,
+        tokens: int,
+        loss: float,
+    ) -> None:
+        """`step_done(...)` (its end at `now_wall`) then `progress(COMPUTE, now_mono=...,
+        now_wall=...)`, in one call (the step boundary's hot path)."""
+        self._guarded(
+            _OFF_STEP, _STEP, step, step_time_s, mfu, comm_wait_s, collective_s, now_wall, tokens,
+            loss,
+        )  # fmt: skip
+        live = self._live
+        live[0] = _COMPUTE
+        live[3], live[4] = now_mono, now_wall
+        self._write_live()
+
     def collective(
         self, group: str, seq: int, op: str, *, entering: bool, now_mono: float, now_wall: float
     ) -> None:

@@ -48,7 +48,12 @@ log = logging.getLogger(__name__)
 
 SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHECKPOINTING}
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
-_COMPUTE = schema.RankState.COMPUTE
+# A step's CPU wait (cpuwait.py) is read at its start and end, but where the next step begins
+# within this many seconds of the last one's end (the usual loop: nothing between the two but
+# the loop itself), the end's reading serves as the next start's: one read of /proc per step,
+# not two (each costs the training thread ~15 us there, its caches cold), and the step's wait
+# then also counts at most this gap's.
+CPU_WAIT_GAP_S = 0.0005
 _NO_SPANS: dict[str, float] = {}  # an ended step without spans (read only)
 
 
@@ -130,6 +135,7 @@ class Session:
         self._step_start = 0.0
         self._cpu_wait = cpuwait.ThreadCpuWait()
         self._cpu_wait_start = 0.0
+        self._step_end = -math.inf  # the last step's end (this clock)
         self._spans: dict[str, float] = collections.defaultdict(float)
         # On CUDA, per "data" span since the last step's end: launch and end events on the
         # training stream (background.data_time: the part of the span the device was idle).
@@ -138,6 +144,8 @@ class Session:
         self._requests: collections.deque[str] = collections.deque()
         self._control_seq = 0
         self._cuda_device: int | None = None  # the training thread's, once it has one
+        # A torch built without CUDA never has one: its steps skip the check.
+        self._cuda_built = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
         # Ended steps, as raw numbers: the flusher builds their records (and reads a tensor
         # loss, which may sync a device) off the training thread. Bounded like the queue.
         self._ended: collections.deque[background.EndedStep] = collections.deque(
@@ -323,7 +331,8 @@ class Session:
         register = getattr(model, "register_comm_hook", None)
         if register is not None and self.cfg.time_collectives:  # DDP: reach its C++ all-reduce
             try:
-                register(getattr(model, "process_group", None), ddp_hook.ddp_comm_hook)
+                state = ddp_hook.state_for(getattr(model, "process_group", None))
+                register(state, ddp_hook.ddp_comm_hook)
             except RuntimeError as exc:  # the user registered their own hook already
                 log.warning("DDP already has a comm hook; its all-reduces are not timed: %s", exc)
 
@@ -342,16 +351,19 @@ class Session:
 
             self._flop_mode = FlopCounterMode(display=False)
             self._flop_mode.__enter__()
-        self._cpu_wait_start = self._cpu_wait.read()
         now = self._clock()
+        if now - self._step_end > CPU_WAIT_GAP_S:  # else the last step's end reading serves
+            self._cpu_wait_start = self._cpu_wait.read()
         self._step_start = now
-        self.page.progress(_COMPUTE, now_mono=now, now_wall=now + self._wall_offset, step=step)
+        self.page.step_begun(step, now, now + self._wall_offset)
         return True
 
     def end_step(self, handle: StepHandle) -> None:
         """Close the step: page and hang history now, the records later (flusher thread)."""
         end = self._clock()
-        cpu_wait_s = max(0.0, self._cpu_wait.read() - self._cpu_wait_start)
+        cpu_wait = self._cpu_wait.read()
+        cpu_wait_s = max(0.0, cpu_wait - self._cpu_wait_start)
+        self._cpu_wait_start, self._step_end = cpu_wait, end
         self._in_step = False
         if self._flop_mode is not None:
             self._learn_flops(handle.tokens)
@@ -386,20 +398,22 @@ class Session:
                 blocked_s, aggs, spans, util, cpu_wait_s, data_events,
             )
         )  # fmt: skip
-        if self._cuda_device is None and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        if (
+            self._cuda_device is None and self._cuda_built and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        ):
             self._cuda_device = torch.cuda.current_device()  # this thread's device, once
         wall = end + self._wall_offset
-        self.page.step_done(
+        self.page.step_ended(
             handle.step,
             seconds,
             util,
             blocked_s,
             collective_s,
+            end,
             wall,
             tokens,
             float(loss) if isinstance(loss, _NUMBER) else math.nan,
         )
-        self.page.progress(_COMPUTE, now_mono=end, now_wall=wall)
         if self._requests or self.page.control_seq() != self._control_seq:
             self._run_control()
 

@@ -112,3 +112,79 @@ def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: in
     steps = {r.step: r for r in records if isinstance(r, schema.StepRecord)}
     assert steps[0].cpu_wait_s < 0.05
     assert 0.1 < steps[1].cpu_wait_s < steps[1].step_time_s
+
+
+def test_a_wait_between_steps_is_not_the_next_steps(tmp_path: Path, one_core: int) -> None:
+    """The training thread waits for the core between two steps (a busy process shares it
+    while the loop does other work): the next step, run alone, carries none of that wait."""
+    vigil.agent.init(
+        job="cpuwait-gap",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=0.05,
+    )
+    try:
+        with vigil.agent.step(0):
+            _spin(0.05)
+        hog = _hog(one_core)
+        try:
+            _spin(0.3)  # between the steps, sharing the core
+        finally:
+            hog.kill()
+            hog.wait()
+        with vigil.agent.step(1):
+            _spin(0.2)
+    finally:
+        vigil.agent.shutdown()
+    path = tmp_path / "out" / "cpuwait-gap" / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    steps = {r.step: r for r in records if isinstance(r, schema.StepRecord)}
+    assert steps[1].cpu_wait_s < 0.05
+
+
+class _CountingWait:
+    """Stands in for the session's `ThreadCpuWait`: 1 ms more wait at every read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self) -> float:
+        self.reads += 1
+        return self.reads * 0.001
+
+
+def test_back_to_back_steps_read_schedstat_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vigil.agent import sdk
+    from vigil.agent import session as session_module
+
+    # Steps within the gap of each other (a wide one here: the flusher thread may take the GIL
+    # between two steps of this loop for longer than the default's half millisecond).
+    monkeypatch.setattr(session_module, "CPU_WAIT_GAP_S", 10.0)
+    vigil.agent.init(
+        job="cpuwait-reads",
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+    )
+    session = sdk._session
+    assert session is not None
+    counter = _CountingWait()
+    session._cpu_wait = counter  # type: ignore[assignment]
+    try:
+        for i in range(5):
+            with vigil.agent.step(i):
+                pass
+    finally:
+        vigil.agent.shutdown()
+    assert counter.reads == 6  # the first step's start, then each step's end
+    path = tmp_path / "out" / "cpuwait-reads" / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    waits = [r.cpu_wait_s for r in records if isinstance(r, schema.StepRecord)]
+    assert waits == pytest.approx([0.001] * 5)  # each step: one read's worth, none counted twice

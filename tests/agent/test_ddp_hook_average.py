@@ -19,6 +19,7 @@ import torch.distributed as dist
 from vigil.agent import ddp_hook
 
 WORLD = 2
+_GROUPS: list[Any] = []
 
 
 def _model() -> torch.nn.Module:
@@ -30,6 +31,10 @@ def _train(
     rank: int, store: Any, model: torch.nn.Module, hooked: bool, out: dict[int, list[torch.Tensor]]
 ) -> None:
     group = _gloo_group(dist.PrefixStore(f"hooked={hooked}", store), rank)
+    # Held past the thread: freeing the last reference to a gloo group (here, with the model at
+    # the thread's end) joins gloo's threads while holding the GIL, which a gloo thread still
+    # freeing its last work may wait for (torch's deadlock, not vigil's).
+    _GROUPS.append(group)
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=1)
     if hooked:
         ddp.register_comm_hook(group, ddp_hook.ddp_comm_hook)

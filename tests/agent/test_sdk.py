@@ -225,7 +225,8 @@ def test_the_ddp_hook_lets_nccl_average_and_divides_first_elsewhere(
     a bucket the hook has divided by the group size first."""
 
     class Group:  # stands in for a process group (weak-referenceable, like the real ones)
-        pass
+        def size(self) -> int:
+            return 4
 
     nccl, gloo, unregistered = Group(), Group(), Group()
     backends = {id(nccl): "nccl", id(gloo): "gloo"}
@@ -236,10 +237,13 @@ def test_the_ddp_hook_lets_nccl_average_and_divides_first_elsewhere(
         return backends[id(group)]
 
     monkeypatch.setattr(torch.distributed, "get_backend", get_backend)
-    assert ddp_hook._average_options(nccl).reduceOp == torch.distributed.ReduceOp.AVG
-    assert ddp_hook._average_options(gloo).reduceOp == torch.distributed.ReduceOp.SUM
-    assert ddp_hook._average_options(unregistered).reduceOp == torch.distributed.ReduceOp.SUM
-    assert ddp_hook._average_options(nccl) is ddp_hook._average_options(nccl)  # cached
+    states = {group: ddp_hook.state_for(group) for group in (nccl, gloo, unregistered)}
+    assert states[nccl].options.reduceOp == torch.distributed.ReduceOp.AVG
+    assert states[nccl].divisor == 1
+    for group in (gloo, unregistered):
+        assert states[group].options.reduceOp == torch.distributed.ReduceOp.SUM
+        assert states[group].divisor == 4
+    assert ddp_hook.state_for(nccl) is states[nccl]  # worked out once per group
 
 
 def _last_state(out: Path) -> schema.RankState:
