@@ -33,7 +33,9 @@ hook) and one with torch's own default comm hook alone. A cycle is one step of e
 shuffled order: bare models A and B, the SDK's model, the third bare model under
 torch.profiler (default activities: CPU here; started before that step and stopped after it,
 outside its timing) and the default hook's model. A model of its own each: every model's
-state is as cold in the caches as the others'. Per cycle, a step's training-thread CPU
+state is as cold in the caches as the others'. Two models built alike differ by up to ~130 µs
+a step for as long as they live, so a fresh set is built every 100 cycles (its first cycle,
+which builds DDP's buckets, not measured). Per cycle, a step's training-thread CPU
 (time.thread_time) less the mean of the two bare steps' is that step's extra cost; the medians
 over cycles are sdk_step_cpu_us and profiler_step_cpu_us (with bootstrap 90 % intervals), and
 sdk_cpu_share_of_profiler is their ratio. B less A (cpu_aa_us) is the method's own noise.
@@ -113,6 +115,10 @@ MODES = ("plain", "sdk", "profiler", "ddp_hook", "plain_again")
 # "sdk" is watched by the SDK, "profiler" is a bare one run under torch.profiler, "ddp_hook" has
 # torch's own default comm hook alone (dividing each bucket on the training thread).
 CPU_KINDS = ("plain", "plain_b", "sdk", "profiler", "ddp_hook")
+# Two models built alike differ in training-thread CPU per step by up to ~130 us for as long as
+# they live (where their memory lies): the in-place measurement builds a fresh set of models
+# every this many cycles, so that this bias varies across the run and its medians average it.
+REBUILD_CYCLES = 100
 DEFAULT_WORKLOADS = ("250ms=256x128x10", "40ms=256x32x4")
 # Run lengths: (full, --quick); an explicit option wins over either.
 PRESETS = {
@@ -378,17 +384,22 @@ def _step_cpu(
     one step of each kind in a shuffled order. Returns per kind the measured steps' training-
     thread CPU and their CPU on other threads except the SDK's own (all lists of seconds, one
     per cycle), the profiler's stop per profiled step, and the SDK threads' CPU per SDK step."""
-    models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
-    for kind in CPU_KINDS:
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            _model(w.hidden, args.layers), process_group=solo
-        )
-        models[kind] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
-    models["ddp_hook"][0].register_comm_hook(solo, default_hooks.allreduce_hook)
+
+    def build() -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        models = {}
+        for kind in CPU_KINDS:
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                _model(w.hidden, args.layers), process_group=solo
+            )
+            models[kind] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
+        models["ddp_hook"][0].register_comm_hook(solo, default_hooks.allreduce_hook)
+        vigil.agent.watch(*models["sdk"])
+        return models
+
     before = set(threading.enumerate())
     vigil.agent.init(job="stepcost", output_dir=tmp / "out", progress_dir=pages, peak_flops=1e11)
-    vigil.agent.watch(*models["sdk"])
     sdk_threads = _thread_clock([t for t in threading.enumerate() if t not in before])
+    models = build()
     x = _input(w)
     order = list(CPU_KINDS)
     shuffle = random.Random(0).shuffle
@@ -396,7 +407,14 @@ def _step_cpu(
     other: dict[str, list[float]] = {kind: [] for kind in CPU_KINDS}
     stops: list[float] = []
     sdk_start = sdk_threads()
-    for i in range(args.cpu_cycles + 1):
+    measured, cycles = 0, 0
+    while measured < args.cpu_cycles:
+        # A fresh set of models every REBUILD_CYCLES cycles; each set's first cycle builds DDP
+        # buckets (the very first also counts the SDK's model's FLOPs) and is not measured.
+        first = cycles % (REBUILD_CYCLES + 1) == 0
+        if first and cycles:
+            models = build()
+        i, cycles, measured = cycles, cycles + 1, measured + (not first)
         shuffle(order)
         for kind in order:
             model, opt = models[kind]
@@ -415,7 +433,7 @@ def _step_cpu(
             if profiler is not None:
                 profiler.stop()
                 stops.append(time.thread_time() - t1)
-            if i:  # the first cycle builds DDP buckets and counts the SDK's model's FLOPs
+            if not first:
                 own[kind].append(t1 - t0)
                 other[kind].append((p1 - p0) - (t1 - t0) - (s1 - s0))
     sdk_total = sdk_threads() - sdk_start
@@ -424,7 +442,7 @@ def _step_cpu(
         "own": own,
         "other": other,
         "stop_s": statistics.median(stops[1:]),
-        "sdk_threads_s": sdk_total / (args.cpu_cycles + 1),
+        "sdk_threads_s": sdk_total / cycles,
     }
 
 
