@@ -48,6 +48,24 @@ def _hog(core: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 
+def _init(tmp_path: Path, job: str) -> None:
+    vigil.agent.init(
+        job=job,
+        output_dir=tmp_path / "out",
+        progress_dir=tmp_path / "pages",
+        rank=0,
+        world_size=1,
+        measure_cpu_peak=False,
+        flush_interval_s=0.05,
+    )
+
+
+def _steps(tmp_path: Path, job: str) -> dict[int, schema.StepRecord]:
+    path = tmp_path / "out" / job / "rank-00000.jsonl"
+    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
+    return {r.step: r for r in records if isinstance(r, schema.StepRecord)}
+
+
 def test_the_wait_grows_only_while_another_process_holds_the_core(one_core: int) -> None:
     wait = cpuwait.ThreadCpuWait()
     start = wait.read()
@@ -85,15 +103,7 @@ def test_without_schedstat_the_wait_is_zero(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: int) -> None:
-    vigil.agent.init(
-        job="cpuwait",
-        output_dir=tmp_path / "out",
-        progress_dir=tmp_path / "pages",
-        rank=0,
-        world_size=1,
-        measure_cpu_peak=False,
-        flush_interval_s=0.05,
-    )
+    _init(tmp_path, "cpuwait")
     try:
         with vigil.agent.step(0):
             _spin(0.2)
@@ -107,9 +117,7 @@ def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: in
             hog.wait()
     finally:
         vigil.agent.shutdown()
-    path = tmp_path / "out" / "cpuwait" / "rank-00000.jsonl"
-    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
-    steps = {r.step: r for r in records if isinstance(r, schema.StepRecord)}
+    steps = _steps(tmp_path, "cpuwait")
     assert steps[0].cpu_wait_s < 0.05
     assert 0.1 < steps[1].cpu_wait_s < steps[1].step_time_s
 
@@ -117,15 +125,7 @@ def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: in
 def test_a_wait_between_steps_is_not_the_next_steps(tmp_path: Path, one_core: int) -> None:
     """The training thread waits for the core between two steps (a busy process shares it
     while the loop does other work): the next step, run alone, carries none of that wait."""
-    vigil.agent.init(
-        job="cpuwait-gap",
-        output_dir=tmp_path / "out",
-        progress_dir=tmp_path / "pages",
-        rank=0,
-        world_size=1,
-        measure_cpu_peak=False,
-        flush_interval_s=0.05,
-    )
+    _init(tmp_path, "cpuwait-gap")
     try:
         with vigil.agent.step(0):
             _spin(0.05)
@@ -139,9 +139,7 @@ def test_a_wait_between_steps_is_not_the_next_steps(tmp_path: Path, one_core: in
             _spin(0.2)
     finally:
         vigil.agent.shutdown()
-    path = tmp_path / "out" / "cpuwait-gap" / "rank-00000.jsonl"
-    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
-    steps = {r.step: r for r in records if isinstance(r, schema.StepRecord)}
+    steps = _steps(tmp_path, "cpuwait-gap")
     assert steps[1].cpu_wait_s < 0.05
 
 
@@ -165,14 +163,7 @@ def test_back_to_back_steps_read_schedstat_once_each(
     # Steps within the gap of each other (a wide one here: the flusher thread may take the GIL
     # between two steps of this loop for longer than the default's half millisecond).
     monkeypatch.setattr(session_module, "CPU_WAIT_GAP_S", 10.0)
-    vigil.agent.init(
-        job="cpuwait-reads",
-        output_dir=tmp_path / "out",
-        progress_dir=tmp_path / "pages",
-        rank=0,
-        world_size=1,
-        measure_cpu_peak=False,
-    )
+    _init(tmp_path, "cpuwait-reads")
     session = sdk._session
     assert session is not None
     counter = _CountingWait()
@@ -184,7 +175,5 @@ def test_back_to_back_steps_read_schedstat_once_each(
     finally:
         vigil.agent.shutdown()
     assert counter.reads == 6  # the first step's start, then each step's end
-    path = tmp_path / "out" / "cpuwait-reads" / "rank-00000.jsonl"
-    records = [codec.decode_json(line) for line in path.read_bytes().splitlines()]
-    waits = [r.cpu_wait_s for r in records if isinstance(r, schema.StepRecord)]
+    waits = [r.cpu_wait_s for r in _steps(tmp_path, "cpuwait-reads").values()]
     assert waits == pytest.approx([0.001] * 5)  # each step: one read's worth, none counted twice
