@@ -8,6 +8,7 @@ waits for about half the step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -43,9 +44,16 @@ def one_core() -> Iterator[int]:
     os.sched_setaffinity(0, before)
 
 
-def _hog(core: int) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def _hog(core: int) -> Iterator[None]:
+    """A busy process pinned to `core` while the block runs."""
     code = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
-    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    hog = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def _init(tmp_path: Path, job: str) -> None:
@@ -71,15 +79,11 @@ def test_the_wait_grows_only_while_another_process_holds_the_core(one_core: int)
     start = wait.read()
     _spin(0.2)
     alone = wait.read() - start
-    hog = _hog(one_core)
-    try:
+    with _hog(one_core):
         time.sleep(0.2)  # the hog is running
         start = wait.read()
         _spin(0.3)
         shared = wait.read() - start
-    finally:
-        hog.kill()
-        hog.wait()
     wait.close()
     assert alone < 0.05
     assert shared > 0.1  # about 0.3 s: the hog's half of the core while this thread spun
@@ -107,14 +111,10 @@ def test_the_step_record_carries_the_steps_cpu_wait(tmp_path: Path, one_core: in
     try:
         with vigil.agent.step(0):
             _spin(0.2)
-        hog = _hog(one_core)
-        try:
+        with _hog(one_core):
             time.sleep(0.2)
             with vigil.agent.step(1):
                 _spin(0.3)
-        finally:
-            hog.kill()
-            hog.wait()
     finally:
         vigil.agent.shutdown()
     steps = _steps(tmp_path, "cpuwait")
@@ -129,12 +129,8 @@ def test_a_wait_between_steps_is_not_the_next_steps(tmp_path: Path, one_core: in
     try:
         with vigil.agent.step(0):
             _spin(0.05)
-        hog = _hog(one_core)
-        try:
+        with _hog(one_core):
             _spin(0.3)  # between the steps, sharing the core
-        finally:
-            hog.kill()
-            hog.wait()
         with vigil.agent.step(1):
             _spin(0.2)
     finally:
