@@ -398,9 +398,8 @@ class Session:
                 blocked_s, aggs, spans, util, cpu_wait_s, data_events,
             )
         )  # fmt: skip
-        if (
-            self._cuda_device is None and self._cuda_built and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        ):
+        looking = self._cuda_device is None and self._cuda_built
+        if looking and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             self._cuda_device = torch.cuda.current_device()  # this thread's device, once
         wall = end + self._wall_offset
         self.page.step_ended(

@@ -407,14 +407,14 @@ def _step_cpu(
     other: dict[str, list[float]] = {kind: [] for kind in CPU_KINDS}
     stops: list[float] = []
     sdk_start = sdk_threads()
-    measured, cycles = 0, 0
-    while measured < args.cpu_cycles:
+    i = -1
+    while len(own["sdk"]) < args.cpu_cycles:
+        i += 1
         # A fresh set of models every REBUILD_CYCLES cycles; each set's first cycle builds DDP
         # buckets (the very first also counts the SDK's model's FLOPs) and is not measured.
-        first = cycles % (REBUILD_CYCLES + 1) == 0
-        if first and cycles:
+        first = i % (REBUILD_CYCLES + 1) == 0
+        if first and i:
             models = build()
-        i, cycles, measured = cycles, cycles + 1, measured + (not first)
         shuffle(order)
         for kind in order:
             model, opt = models[kind]
@@ -442,7 +442,7 @@ def _step_cpu(
         "own": own,
         "other": other,
         "stop_s": statistics.median(stops[1:]),
-        "sdk_threads_s": sdk_total / cycles,
+        "sdk_threads_s": sdk_total / (i + 1),
     }
 
 

@@ -188,3 +188,22 @@ def test_blocking_in_an_async_ops_wait_shows_the_rank_in_that_collective(tmp_pat
     assert after.state is schema.RankState.COMPUTE
     work.future.set_result(None)  # completion forgets the op: a later wait marks nothing
     assert id(work) not in patching._waitable
+
+
+def test_the_step_boundary_calls_write_what_progress_and_step_done_write(tmp_path: Path) -> None:
+    """`step_begun` / `step_ended` (the SDK's positional hot path) leave the page as the
+    keyword calls they stand for do."""
+    fast, slow = _writer(tmp_path / "fast"), _writer(tmp_path / "slow")
+    fast.step_begun(4, 10.0, 1e9)
+    slow.progress(schema.RankState.COMPUTE, now_mono=10.0, now_wall=1e9, step=4)
+    fast.collective("dp:0", 3, "all_reduce", entering=True, now_mono=10.5, now_wall=1e9 + 0.5)
+    slow.collective("dp:0", 3, "all_reduce", entering=True, now_mono=10.5, now_wall=1e9 + 0.5)
+    fast.step_ended(4, 1.5, 0.3, 0.2, 0.4, 11.5, 1e9 + 1.5, 128, 2.5)
+    slow.step_done(4, 1.5, 0.3, 0.2, 0.4, 1e9 + 1.5, 128, 2.5)
+    slow.progress(schema.RankState.COMPUTE, now_mono=11.5, now_wall=1e9 + 1.5)
+    snaps = [progress.PageReader(w.path).snapshot() for w in (fast, slow)]
+    assert snaps[0].state is schema.RankState.COMPUTE
+    assert snaps[0].last == snaps[1].last and snaps[0].last.loss == 2.5
+    fields = ("last_step", "step_start_mono_s", "progress_mono_s", "last_group", "last_seq")
+    assert [getattr(snaps[0], f) for f in fields] == [getattr(snaps[1], f) for f in fields]
+    assert [getattr(snaps[0], f) for f in fields] == [4, 10.0, 11.5, "dp:0", 3]
