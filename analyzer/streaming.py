@@ -6,8 +6,9 @@ analysed once every known rank reported it, or once 90 % of ranks reported a ste
 `stream_step_lag` newer: a silent rank does not stall the others, and senders may ship per rank
 (one rank's records for several steps per batch) without steps being analysed early.
 Analysing one step scores its row (median/MAD over ranks, vectorised), updates the rolling
-persistence counts, and only when a rank newly becomes persistent runs the same array detectors
-as offline analysis over the window, so streaming and `vigil analyze` agree. `tick(now_s)`
+persistence counts, and only when a rank newly becomes persistent (or, every `RETRY_STEPS`
+steps, while a persistent rank has no finding yet) runs the same array detectors as offline
+analysis over the window, so streaming and `vigil analyze` agree. `tick(now_s)`
 checks for hangs when no records arrive. Findings are returned with stable ids (re-sent when
 resolved); the collector upserts them. Pure: no I/O, no clocks, no threads; not thread-safe
 (the collector calls it from one task).
@@ -31,6 +32,13 @@ from vigil.analyzer import window as window_mod
 
 log = logging.getLogger(__name__)
 Kind = schema.FindingKind
+# A persistent rank that detection did not report is looked at again every this many analysed
+# steps (a detection over the window costs ~0.1 s at 10,000 ranks; the finding comes at most
+# this many steps after offline analysis would date it).
+RETRY_STEPS = 3
+# Links and imbalance are judged over the window every step for jobs of up to this many ranks,
+# every 2 steps up to twice as many, ... (`_JobStream.judge_every`): ~2-3 ms a step at most.
+RANKS_PER_JUDGED_STEP = 256
 
 
 class _JobStream:
@@ -50,6 +58,8 @@ class _JobStream:
         }
         self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
         self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
+        # Persistent ranks the last detection did not report (`_unreported`): retried.
+        self.unreported = False
         self.mfu_reported_step = -(10**9)
         self.mfu_series: list[float] = []
         self.mfu_steps: list[int] = []
@@ -201,13 +211,22 @@ class _JobStream:
         self.hang.observe_step_time(step, span_s[1], median_time, span_s[0])
         newly = self._update_hits(scores)
         out: list[schema.Finding] = []
-        if newly:
+        retry = self.unreported and self.num_analysed % RETRY_STEPS == 0
+        if newly or retry:
             out.extend(self._detect_window())
+            self.unreported = self._unreported()
         out.extend(self._close_finished())
         out.extend(self._mfu(step, job_mfu))
-        if self.num_analysed % self.cfg.straggler.window == 0:
+        if self.num_analysed % self.judge_every() == 0:
             out.extend(self._imbalance())
         return out
+
+    def judge_every(self) -> int:
+        """Steps between judgements of the window's links and stage/sequence imbalance: every
+        step for up to `RANKS_PER_JUDGED_STEP` ranks, less often as a judgement costs more
+        (~10 us a rank), at least once a persistence window."""
+        ranks = max(self.window.num_ranks, 1)
+        return min(self.cfg.straggler.window, -(-ranks // RANKS_PER_JUDGED_STEP))
 
     def _update_hits(self, scores: stragglers.Scores) -> bool:
         """Roll the persistence counts; True when some rank just became persistent."""
@@ -242,6 +261,26 @@ class _JobStream:
                 self.open[key] = finding
                 out.append(finding)
         return out
+
+    def _unreported(self) -> bool:
+        """Whether a rank is persistent with no open finding of that kind. Its episode can
+        still fail the finding's own check (`stragglers._moved_up`: the median over the
+        episode so far, which an intermittent straggler's first steps keep at the baseline)
+        and pass it steps later, as offline analysis of the whole run finds."""
+        min_hits = self.cfg.straggler.min_hits
+        for kind in stragglers.RANK_KINDS:
+            persistent = np.flatnonzero(self.hits[kind] >= min_hits)
+            if not persistent.size:
+                continue
+            reported = {
+                self.window.column(rank)
+                for (k, ranks, _nodes) in self.open
+                if k is kind
+                for rank in ranks
+            }
+            if not reported.issuperset(persistent.tolist()):
+                return True
+        return False
 
     def _close_finished(self) -> list[schema.Finding]:
         out = []

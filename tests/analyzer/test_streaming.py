@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
+from tests.support import observed as ob
 from tests.support import simulator as sim
 from vigil import columns, schema
 from vigil.analyzer import engine, streaming
@@ -172,3 +175,71 @@ def test_a_declared_world_size_allocates_nothing_until_ranks_report() -> None:
     assert window.num_ranks == 1
     assert sum(v.nbytes for v in window._data.values()) < 1 << 20
     assert window.quorum_step() == -1  # the other 131,071 declared ranks have not reported
+
+
+def _stream_observed(job: ob.Job) -> list[schema.Finding]:
+    """Feed a job as a collector receives it: its identity, then each flusher shipment."""
+    analyzer = streaming.StreamingAnalyzer()
+    found = analyzer.observe(job.records)
+    for _time_s, batch in sorted(job.shipped, key=lambda shipment: shipment[0]):
+        found.extend(analyzer.observe(batch))
+    return [f for f in found if f.kind == "straggler"]
+
+
+def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 2x every 4th step: when rank 5 first becomes persistent, the median of its compute over
+    # the episode so far is not yet up (3 of 4 of its steps are normal), so that detection
+    # reports nothing; the retries find it once the episode's evidence shows it.
+    fault = ob.Fault(
+        kind=ob.FaultKind.STRAGGLER, rank=5, start_step=14, factor=2.0,
+        position=ob.Position.BEFORE, every=4,
+    )  # fmt: skip
+    job = ob.run(ob.JobConfig(job_id="intermittent", dp=16, num_steps=44, faults=(fault,), seed=4))
+    found = _stream_observed(job)
+    assert [f.subjects.ranks for f in found] == [[5]]
+    assert found[0].state == "open"
+    monkeypatch.setattr(streaming, "RETRY_STEPS", 10**9)  # detection only as a rank turns
+    assert _stream_observed(job) == []
+
+
+def _first_slow_link(job: ob.Job) -> tuple[list[int], int] | None:
+    """The first slow-link finding streamed, and the newest step shipped when it came."""
+    analyzer = streaming.StreamingAnalyzer()
+    analyzer.observe(job.records)
+    for _time_s, batch in sorted(job.shipped, key=lambda shipment: shipment[0]):
+        newest = max(r.step for r in batch if isinstance(r, schema.StepRecord))
+        for f in analyzer.observe(batch):
+            if f.kind == "slow_link":
+                return f.subjects.ranks, newest
+    return None
+
+
+def test_a_small_job_s_links_are_judged_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 3's NIC moves bytes 2.5x slower from step 14: its dp group is flagged from then on,
+    # and persistent (8 of 12 steps) at step 21; judged every step, the finding comes then.
+    fault = ob.Fault(kind=ob.FaultKind.SLOW_LINK, rank=3, start_step=14, factor=2.5)
+    job = ob.run(
+        ob.JobConfig(
+            job_id="link", tp=2, dp=4, ddp=False, ranks_per_node=2, num_steps=40,
+            faults=(fault,), seed=1,
+        )
+    )  # fmt: skip
+    min_hits = streaming.config_mod.StragglerConfig().min_hits
+    assert _first_slow_link(job) == ([1, 3, 5, 7], 14 + min_hits - 1)
+    window = streaming.config_mod.StragglerConfig().window
+    monkeypatch.setattr(streaming._JobStream, "judge_every", lambda _self: window)
+    found = _first_slow_link(job)
+    assert found is not None and found[1] > 14 + min_hits  # once a window: later
+
+
+def test_large_jobs_judge_links_less_often_as_it_costs_more() -> None:
+    cfg = streaming.config_mod.AnalyzerConfig()
+    every = {}
+    for ranks in (8, 256, 257, 1024, 10_000):
+        stream = streaming._JobStream("big", cfg)
+        for rank in range(ranks):  # each rank reported
+            stream.window.column(rank)
+        every[ranks] = stream.judge_every()
+    assert every == {8: 1, 256: 1, 257: 2, 1024: 4, 10_000: cfg.straggler.window}
