@@ -68,6 +68,12 @@ class StragglerConfig:
     # of its step on real jobs, while a busy process on every core, in sessions of its own,
     # moved clean ranks' waits between 1 % and 42 % of the step, never one rank persistently.
     min_cpu_wait_share: float = 0.10
+    # ... and such a straggler (flagged more for its wait for a CPU than for its compute) is
+    # reported only once its episode has lasted this long: the scheduler can leave one rank
+    # beside a busy process for a while when every core has one (clean 4-rank jobs on 2 cores:
+    # one rank starved for 8-18 steps, 0.3-1.0 s, while its peers were not), but a process
+    # that takes one rank's CPU share and keeps it (in its cgroup or session) stays.
+    min_cpu_wait_episode_s: float = 3.0
     # ... or when a process group moves its bytes this many times slower than the median of its
     # peer groups (links.py): shared links and jitter move groups alike; 1.5x is a broken
     # link, a congested switch port or a NIC at a fraction of its rate.
@@ -92,6 +98,10 @@ class StragglerConfig:
         _require(0 < self.scale_floor < 1, f"scale_floor must be in (0, 1), got {self.scale_floor}")
         _require(0 <= self.min_data_share < 1, "min_data_share must be in [0, 1)")
         _require(0 <= self.min_cpu_wait_share < 1, "min_cpu_wait_share must be in [0, 1)")
+        _require(
+            self.min_cpu_wait_episode_s >= 0,
+            f"min_cpu_wait_episode_s must be >= 0, got {self.min_cpu_wait_episode_s}",
+        )
         _require(self.link_ratio > 1, f"link_ratio must be > 1, got {self.link_ratio}")
 
 

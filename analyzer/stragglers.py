@@ -237,9 +237,12 @@ def detect(
     scores: Scores | None = None,
     *,
     warmup_rows: int | None = None,
+    began_s: robust.FloatArray | None = None,
 ) -> list[schema.Finding]:
     """Every persistent straggler and data stall in `a`. Its first `warmup_rows` rows (default
-    `cfg.warmup_steps`: `a` starts at the job's first step) are start-up and flag nothing."""
+    `cfg.warmup_steps`: `a` starts at the job's first step) are start-up and flag nothing.
+    `began_s`: per column, when its straggler episode began where that was before `a`'s first
+    row (a streaming window; NaN: unknown)."""
     scores = scores or score(a, cfg)
     skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
@@ -249,12 +252,31 @@ def detect(
             flags = flags.copy()
             flags[:skip] = False
         hits = robust.rolling_hits(flags, cfg.window)
-        for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)):
+        for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)).tolist():
             for first, last, at in robust.persistent_episodes(
                 flags[:, col], hits[:, col], cfg.min_hits
             ):
-                out.append(rank_finding(a, scores, kind, int(col), first, last, at, cfg))
+                if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
+                    began = float(a.step_start_s[first])
+                    if began_s is not None and col < began_s.size and began_s[col] < began:
+                        began = float(began_s[col])
+                    lasted = _lasted(a, began, at, last, cfg.min_cpu_wait_episode_s)
+                    if lasted is None:
+                        continue
+                    at = lasted
+                out.append(rank_finding(a, scores, kind, col, first, last, at, cfg))
     return [f for f in out if _moved_up(f, cfg)]
+
+
+def _lasted(
+    a: arrays_mod.StepArrays, began_s: float, at: int, last: int, seconds: float
+) -> int | None:
+    """A rank flagged more for its wait for a CPU than for its compute is reported once its
+    episode (begun at `began_s`) has lasted `seconds` (`StragglerConfig.min_cpu_wait_episode_s`):
+    the first row from `at` (persistent) to `last` by whose end it has; None: not yet."""
+    with np.errstate(invalid="ignore"):  # a step with no time (NaN) is not reached
+        reached = np.flatnonzero(a.step_end_s[at : last + 1] - began_s >= seconds)
+    return at + int(reached[0]) if reached.size else None
 
 
 def _moved_up(finding: schema.Finding, cfg: config_mod.StragglerConfig) -> bool:

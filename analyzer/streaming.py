@@ -60,6 +60,10 @@ class _JobStream:
         self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
         # Persistent ranks the last detection did not report (`_unreported`): retried.
         self.unreported = False
+        # When each rank's current run of straggler flags began (NaN: none): an episode can
+        # have begun before the window's first step, and a rank waiting for a CPU is reported
+        # once its episode has lasted `min_cpu_wait_episode_s`.
+        self.began = np.zeros(0)
         self.mfu_reported_step = -(10**9)
         self.mfu_series: list[float] = []
         self.mfu_steps: list[int] = []
@@ -209,7 +213,7 @@ class _JobStream:
         if len(self.analysed) > self.window.capacity:
             del self.analysed[0]
         self.hang.observe_step_time(step, span_s[1], median_time, span_s[0])
-        newly = self._update_hits(scores)
+        newly = self._update_hits(scores, span_s[0])
         out: list[schema.Finding] = []
         retry = self.unreported and self.num_analysed % RETRY_STEPS == 0
         if newly or retry:
@@ -228,8 +232,9 @@ class _JobStream:
         ranks = max(self.window.num_ranks, 1)
         return min(self.cfg.straggler.window, -(-ranks // RANKS_PER_JUDGED_STEP))
 
-    def _update_hits(self, scores: stragglers.Scores) -> bool:
-        """Roll the persistence counts; True when some rank just became persistent."""
+    def _update_hits(self, scores: stragglers.Scores, start_s: float) -> bool:
+        """Roll the persistence counts of the step that began at `start_s`; True when some rank
+        just became persistent."""
         newly = False
         n = self.window.num_ranks
         slot = self.num_analysed % self.cfg.straggler.window
@@ -242,10 +247,16 @@ class _JobStream:
             if self.num_analysed <= self.cfg.straggler.warmup_steps:
                 flags = np.zeros_like(flags)  # start-up (StragglerConfig.warmup_steps)
             before = hits >= self.cfg.straggler.min_hits
+            quiet = hits == 0
             hits = hits - ring[slot] + flags
             ring[slot] = flags
             newly |= bool((~before & (hits >= self.cfg.straggler.min_hits)).any())
             self.flag_ring[kind], self.hits[kind] = ring, hits
+            if kind is Kind.STRAGGLER:  # a run of hits begins at its first flagged step
+                began = np.pad(self.began, (0, n - self.began.size), constant_values=np.nan)
+                began[quiet & (hits > 0)] = start_s
+                began[hits == 0] = np.nan
+                self.began = began
         return newly
 
     def _detect_window(self) -> list[schema.Finding]:
@@ -253,7 +264,8 @@ class _JobStream:
         # The window's first row is the job's (num_analysed - len(analysed))-th analysed step.
         warmup = self.cfg.straggler.warmup_steps - (self.num_analysed - len(self.analysed))
         out = []
-        for finding in stragglers.detect(a, self.cfg.straggler, warmup_rows=warmup):
+        found = stragglers.detect(a, self.cfg.straggler, warmup_rows=warmup, began_s=self.began)
+        for finding in found:
             if finding.step_end < self.analysed[-1] - self.cfg.straggler.window:
                 continue  # an episode that already ended inside the window
             key = _key(finding)

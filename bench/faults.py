@@ -12,7 +12,8 @@ dist.all_reduce) x faults injected by the job itself:
   - hangs of 8 s: before a collective, inside a collective no peer joins, in data loading and
     in a checkpoint save; a crash (os._exit);
   - a noisy neighbour: busy processes in rank 2's session (the kernel's autogroup scheduling
-    then gives them rank 2's share of the CPU);
+    then gives them rank 2's share of the CPU), 150 steps: a rank that waits for a CPU is
+    reported once that has lasted 3 s;
   - clean jobs: ±15 % per-step jitter, one-off hiccups, a busy process on every core (in
     sessions of their own), `--seeds` seeds each;
   - a real slow link (wrapper fsdp_tp: TP within pairs of ranks, FSDP2 across them): rank 3 in
@@ -63,6 +64,9 @@ from tests.realjobs import netns, train  # noqa: E402
 WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain", "fsdp_tp")
 FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
 STEPS = 40
+# A straggler flagged for its wait for a CPU is reported once its episode has lasted
+# `StragglerConfig.min_cpu_wait_episode_s` (3 s): ~110 of the pipeline's ~27 ms steps.
+NEIGHBOUR_STEPS = 150
 HANG_S = 8.0
 # Acceptable finding kinds per fault kind (a straggler also slows the job: an mfu_drop that
 # names the culprit is right too).
@@ -125,7 +129,7 @@ def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[S
     if not quick:  # busy processes in one rank's session: they take its CPU share
         case = {
             "job": f"{wrapper}-neighbour",
-            "steps": STEPS,
+            "steps": NEIGHBOUR_STEPS,
             "seed": 77,
             "noise": {"kind": "cpu_hog", "host_rank": 2, "shared": True},
         }
