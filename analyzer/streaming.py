@@ -253,10 +253,12 @@ class _JobStream:
             newly |= bool((~before & (hits >= self.cfg.straggler.min_hits)).any())
             self.flag_ring[kind], self.hits[kind] = ring, hits
             if kind is Kind.STRAGGLER:  # a run of hits begins at its first flagged step
-                began = np.pad(self.began, (0, n - self.began.size), constant_values=np.nan)
-                began[quiet & (hits > 0)] = start_s
-                began[hits == 0] = np.nan
-                self.began = began
+                if self.began.size < n:
+                    self.began = np.pad(
+                        self.began, (0, n - self.began.size), constant_values=np.nan
+                    )
+                self.began[quiet & (hits > 0)] = start_s
+                self.began[hits == 0] = np.nan
         return newly
 
     def _detect_window(self) -> list[schema.Finding]:
@@ -276,9 +278,10 @@ class _JobStream:
 
     def _unreported(self) -> bool:
         """Whether a rank is persistent with no open finding of that kind. Its episode can
-        still fail the finding's own check (`stragglers._moved_up`: the median over the
-        episode so far, which an intermittent straggler's first steps keep at the baseline)
-        and pass it steps later, as offline analysis of the whole run finds."""
+        fail a check of the finding's own and pass it steps later, as offline analysis of the
+        whole run finds: the median over the episode so far (`stragglers._moved_up`), which an
+        intermittent straggler's first steps keep at the baseline, or a wait for a CPU that has
+        not yet lasted `min_cpu_wait_episode_s`."""
         min_hits = self.cfg.straggler.min_hits
         for kind in stragglers.RANK_KINDS:
             persistent = np.flatnonzero(self.hits[kind] >= min_hits)
