@@ -258,8 +258,8 @@ def detect(
             ):
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
                     began = float(a.step_start_s[first])
-                    if began_s is not None and col < began_s.size and began_s[col] < began:
-                        began = float(began_s[col])
+                    if began_s is not None and col < began_s.size:
+                        began = float(np.fmin(began, began_s[col]))  # NaN: unknown
                     lasted = _lasted(a, began, at, last, cfg.min_cpu_wait_episode_s)
                     if lasted is None:
                         continue

@@ -177,13 +177,15 @@ def test_a_declared_world_size_allocates_nothing_until_ranks_report() -> None:
     assert window.quorum_step() == -1  # the other 131,071 declared ranks have not reported
 
 
-def _stream_observed(job: ob.Job) -> list[schema.Finding]:
-    """Feed a job as a collector receives it: its identity, then each flusher shipment."""
+def _stream_observed(job: ob.Job, kind: str) -> list[tuple[schema.Finding, int]]:
+    """Feed a job as a collector receives it (its identity, then each flusher shipment): its
+    findings of `kind`, each with the newest step shipped when it came."""
     analyzer = streaming.StreamingAnalyzer()
-    found = analyzer.observe(job.records)
+    found = [(f, -1) for f in analyzer.observe(job.records)]
     for _time_s, batch in sorted(job.shipped, key=lambda shipment: shipment[0]):
-        found.extend(analyzer.observe(batch))
-    return [f for f in found if f.kind == "straggler"]
+        newest = max(r.step for r in batch if isinstance(r, schema.StepRecord))
+        found += [(f, newest) for f in analyzer.observe(batch)]
+    return [(f, newest) for f, newest in found if f.kind == kind]
 
 
 def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
@@ -197,23 +199,17 @@ def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
         position=ob.Position.BEFORE, every=4,
     )  # fmt: skip
     job = ob.run(ob.JobConfig(job_id="intermittent", dp=16, num_steps=44, faults=(fault,), seed=4))
-    found = _stream_observed(job)
+    found = [f for f, _newest in _stream_observed(job, "straggler")]
     assert [f.subjects.ranks for f in found] == [[5]]
     assert found[0].state == "open"
     monkeypatch.setattr(streaming, "RETRY_STEPS", 10**9)  # detection only as a rank turns
-    assert _stream_observed(job) == []
+    assert _stream_observed(job, "straggler") == []
 
 
 def _first_slow_link(job: ob.Job) -> tuple[list[int], int] | None:
     """The first slow-link finding streamed, and the newest step shipped when it came."""
-    analyzer = streaming.StreamingAnalyzer()
-    analyzer.observe(job.records)
-    for _time_s, batch in sorted(job.shipped, key=lambda shipment: shipment[0]):
-        newest = max(r.step for r in batch if isinstance(r, schema.StepRecord))
-        for f in analyzer.observe(batch):
-            if f.kind == "slow_link":
-                return f.subjects.ranks, newest
-    return None
+    found = _stream_observed(job, "slow_link")
+    return (found[0][0].subjects.ranks, found[0][1]) if found else None
 
 
 def test_a_small_job_s_links_are_judged_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
