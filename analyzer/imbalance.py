@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import numpy.typing as npt
 
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
@@ -23,19 +24,38 @@ MIN_TOKEN_SPREAD = 0.2
 MIN_CORRELATION = 0.7
 
 
+def stage_levels(
+    values: robust.FloatArray, stages: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.int32], robust.FloatArray, robust.FloatArray]:
+    """(stage ids, each stage's level per row [rows, stages], the median stage's [rows, 1]).
+
+    A stage's level is the lower median of its ranks' values: what more than half of them
+    reach, so one straggler among a stage's two ranks does not make its stage slow (the
+    median of two is their mean, which such a rank pulls up by half of its excess), while a
+    stage whose every rank computes more is."""
+    stage_ids = np.unique(stages)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row with no value: NaN
+        levels = np.stack(
+            [
+                np.nanquantile(values[:, stages == s], 0.5, axis=1, method="lower")
+                for s in stage_ids
+            ],
+            axis=1,
+        )
+        center = np.nanmedian(levels, axis=1, keepdims=True)
+    return stage_ids, levels, center
+
+
 def stage_findings(
     a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
 ) -> list[schema.Finding]:
-    """A finding per pipeline stage whose median compute is persistently above the others'."""
+    """A finding per pipeline stage whose level (`stage_levels`) of compute is persistently
+    above the median stage's."""
     if a.stages is None or np.unique(a.stages).size < 2:
         return []
-    stage_ids = np.unique(a.stages)
-    compute = a.compute_s()
+    stage_ids, per_stage, center = stage_levels(a.compute_s(), a.stages)
     with np.errstate(all="ignore"):
-        per_stage = np.stack(
-            [np.nanmedian(compute[:, a.stages == s], axis=1) for s in stage_ids], axis=1
-        )
-        center = np.nanmedian(per_stage, axis=1, keepdims=True)
         ratio = per_stage / center
     flags = ratio > 1.0 + 2 * cfg.min_excess
     hits = robust.rolling_hits(flags, cfg.window)

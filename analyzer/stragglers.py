@@ -4,10 +4,11 @@ In synchronous training the slow rank arrives last at each collective and waits 
 cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
 Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps` steps,
 the largest left out) is scored against the other ranks (median/MAD, within its pipeline stage when
-there is one; a group of fewer than `scale_samples` ranks takes its scale over its last few steps,
-and there compute high at `corroborated_z` counts when the rank's wait is as low); a rank
-flagged in `min_hits` of the last `window` steps is reported; a job's first `warmup_steps` steps
-(start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
+it has 3 ranks or more; smaller stages are scored together, and there a stage slow as a whole is
+its imbalance, not its ranks' fault; a group of fewer than `scale_samples` ranks takes its scale
+over its last few steps, and there compute high at `corroborated_z` counts when the rank's wait
+is as low); a rank flagged in `min_hits` of the last `window` steps is reported; a job's first
+`warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
 throttling noted from NVML clocks), data-loader stalls, and compute that only follows a larger
 share of tokens (sequence-length imbalance, reported for the job rather than the rank).
 A flagged rank must also hold its peers up: its smoothed communication wait may not exceed its
@@ -33,7 +34,7 @@ import numpy.typing as npt
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, groups, robust
+from vigil.analyzer import findings, groups, imbalance, robust
 
 Kind = schema.FindingKind
 
@@ -111,6 +112,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     c_flags, c_z, c_med = outliers(compute, stages)
     wait = smooth(a.comm_wait_s)
     c_flags |= _corroborated(compute, c_z, c_med, wait, stages, step_time, cfg)
+    c_flags &= ~_in_slow_stage(compute, a.stages, stages, step_time, cfg)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
         tokens = smooth(a.tokens)
@@ -198,6 +200,27 @@ def _corroborated(
             compute - compute_med > cfg.min_excess * step_time
         )
     return high & low_wait & small
+
+
+def _in_slow_stage(
+    compute: robust.FloatArray,
+    all_stages: npt.NDArray[np.int32] | None,
+    scored_stages: npt.NDArray[np.int32] | None,
+    step_time: robust.FloatArray,
+    cfg: config_mod.StragglerConfig,
+) -> robust.BoolArray:
+    """Columns whose pipeline stage computes more as a whole where stages are scored together
+    (`stage_groups`: stages of two ranks): the stage's level (`imbalance.stage_levels`, what
+    more than half its ranks reach) above the median stage's by the excess a straggler needs.
+    That is the stage's imbalance (`imbalance.stage_findings`), not its ranks' fault. A stage
+    of one rank is that rank: it stays a straggler."""
+    if all_stages is None or scored_stages is not None or np.unique(all_stages).size < 2:
+        return np.zeros(compute.shape, dtype=bool)
+    _, levels, center = imbalance.stage_levels(compute, all_stages)
+    with np.errstate(invalid="ignore"):
+        slow = levels - center > cfg.min_excess * step_time
+    _, inverse, counts = np.unique(all_stages, return_inverse=True, return_counts=True)
+    return np.asarray(slow[:, inverse] & (counts[inverse] >= 2), dtype=bool)
 
 
 def _group_sizes(stages: npt.NDArray[np.int32] | None, num_ranks: int) -> npt.NDArray[np.int64]:

@@ -70,6 +70,29 @@ def test_pipeline_stage_imbalance_reports_the_stage_not_its_ranks() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_slow_stage_of_two_ranks_is_the_stage_not_two_stragglers(seed: int) -> None:
+    """Stages of two ranks are scored together (no robust median within two): both ranks of a
+    stage that computes 1.3x are high there, but that is the stage's imbalance."""
+    found = _run(
+        sim.Fault(kind=sim.FaultKind.STAGE_IMBALANCE, stage=2, factor=1.3),
+        ranks=8, pp=4, seed=seed,
+    )  # fmt: skip
+    assert [f.subjects.ranks for f in found] == [[4, 5]]
+    assert found[0].kind == Kind.STAGE_IMBALANCE
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_straggler_of_a_stages_two_ranks_is_the_rank_not_its_stage(seed: int) -> None:
+    """The median of two ranks is their mean, which one 1.25x rank pulls up by half its
+    excess: a stage's level is what more than half of its ranks reach."""
+    found = _run(
+        sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(5,), factor=1.25, start_step=20),
+        ranks=8, pp=4, seed=seed,
+    )  # fmt: skip
+    assert [(f.kind, f.subjects.ranks) for f in found] == [(Kind.STRAGGLER, [5])]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sequence_length_imbalance_is_a_job_finding(seed: int) -> None:
     found = _run(sim.Fault(kind=sim.FaultKind.SEQLEN_IMBALANCE), seed=seed)
     [seqlen] = _of(found, Kind.SEQLEN_IMBALANCE)
