@@ -80,6 +80,7 @@ class HangTracker:
         # The latest restart: heartbeats older than it describe ranks that no longer exist.
         self._epoch_s = 0.0
         self._last_beat: dict[int, float] = {}  # rank -> time of its newest heartbeat
+        self._beat_gap_s = 0.0  # the longest time between two of one rank's heartbeats seen
         # Per rank, the newest end of a step it reported (-inf: none): a rank whose step records
         # keep arriving is alive, whatever became of its heartbeats.
         self._step_ends = np.full(0, -np.inf)
@@ -204,6 +205,8 @@ class HangTracker:
             return  # sent by a rank of an attempt that has since been restarted
         newest = self._last_beat.get(hb.rank, 0.0)
         self._last_beat[hb.rank] = max(newest, hb.time_s)
+        if newest > 0.0:
+            self._beat_gap_s = max(self._beat_gap_s, hb.time_s - newest)
         if hb.state is schema.RankState.FAILED:
             self._failed.setdefault(hb.rank, hb.time_s)
         self._checkpoints[hb.rank] = max(self._checkpoints.get(hb.rank, 0), hb.checkpoints)
@@ -230,6 +233,9 @@ class HangTracker:
         beat = self._last_beat
         newest = np.fromiter(map(beat.get, ranks, repeat(0.0)), np.float64, len(ranks))
         beat.update(zip(ranks, np.maximum(newest, b.time_s).tolist(), strict=True))
+        seen = newest > 0.0
+        if seen.any():
+            self._beat_gap_s = max(self._beat_gap_s, float((b.time_s[seen] - newest[seen]).max()))
         code = b.state_code
         for i in np.flatnonzero(code == aggcols.STATE_CODES[schema.RankState.FAILED]).tolist():
             self._failed.setdefault(ranks[i], float(b.time_s[i]))
@@ -360,15 +366,13 @@ class HangTracker:
                 # gone, after its last word.
                 culprits = sorted(r for r, t in self._failed.items() if t == first)
                 how = "failed first"
-        elif now_s - min(beats.values()) < _CRASH_SILENCE_S:
+        elif now_s - min(beats.values()) < (silence := self.crash_silence_s()):
             return None  # every rank beat recently: none is silent
         else:
             silent = [
                 r
                 for r, t in beats.items()
-                if r not in ended
-                and now_s - t >= _CRASH_SILENCE_S
-                and now_s - self._alive_s(r) >= _CRASH_SILENCE_S
+                if r not in ended and now_s - t >= silence and now_s - self._alive_s(r) >= silence
             ]
             alive = [r for r, t in beats.items() if r not in ended and now_s - t < _ALIVE_S]
             if not silent or not alive:
@@ -376,6 +380,14 @@ class HangTracker:
             culprits, how = sorted(silent), "stopped while its peers kept beating"
         self._crash = self._crash_finding(now_s, culprits, how)
         return self._crash
+
+    def crash_silence_s(self) -> float:
+        """How long a rank without a last word must be silent, while its peers beat, to be
+        taken for dead: `_CRASH_SILENCE_S`, or twice the longest gap between one rank's
+        heartbeats seen in this job where beats have gone missing on their way before (a
+        lossy network, a collector that dropped some, a flusher held up), at most
+        `_CRASH_SILENCE_MAX_S`."""
+        return min(_CRASH_SILENCE_MAX_S, max(_CRASH_SILENCE_S, 2.0 * self._beat_gap_s))
 
     def _crash_finding(self, now_s: float, culprits: list[int], how: str) -> schema.Finding:
         beats = self._last_beat
@@ -481,6 +493,9 @@ class HangTracker:
 # flush interval, a POST, a retry); a rank that stopped by then (0.5 s slack for its last
 # flush) stopped first.
 _CRASH_SILENCE_S = 5.0
+# ... but where a job's heartbeats have been seen to go missing, twice the longest gap seen (a
+# rank's beats lost at random with probability p are missing n in a row with p**n), to here.
+_CRASH_SILENCE_MAX_S = 15.0
 # Rank ids up to this get the known-rank mask (16 MiB at most); larger ones are looked up.
 _KNOWN_MAX = 1 << 24
 _ALIVE_S = 2.5

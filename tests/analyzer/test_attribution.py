@@ -130,6 +130,25 @@ def test_a_silent_rank_among_beating_peers_is_a_crash_not_a_hang(
     assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [1]
 
 
+def test_where_heartbeats_went_missing_a_rank_must_be_silent_longer_to_be_crashed(
+    tracker: hangs.HangTracker,
+) -> None:
+    """Rank 2's beats of seconds 101-103 never came (a 4 s gap it lived through): a silence
+    is a crash only once it is twice that long, 8 s, not at the usual 5 s."""
+    assert tracker.crash_silence_s() == 5.0
+    for second in range(19):
+        for rank in range(4):
+            lost = (rank == 2 and 1 <= second <= 3) or (rank == 1 and second > 10)
+            if not lost:
+                tracker.observe_heartbeat(_beat(rank, 100.5 + second, schema.RankState.COMPUTE))
+        if second < 18:  # rank 1 beat last at 110.5: silent for less than 8 s
+            finding = tracker.check(100.6 + second)
+            assert finding is None or finding.kind == "hang"
+    assert tracker.crash_silence_s() == 8.0
+    crash = tracker.check(118.6)
+    assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [1]
+
+
 def test_ranks_that_all_keep_beating_are_not_crashed(tracker: hangs.HangTracker) -> None:
     for rank in range(4):
         tracker.observe_heartbeat(_beat(rank, 109.5, schema.RankState.COMPUTE))
