@@ -3,17 +3,20 @@
 At each step the median of the last `recent_steps` values is compared with the median of the
 `baseline_steps` before them; a drop larger than `min_drop` of the baseline and `z_threshold`
 robust standard errors is a change point, refined to the split that best separates the two
-windows. The drop is then attributed by which component of step time grew: a straggler (max
-compute per token up, median not), sequence-length imbalance (max compute up only as far as
-its rank's larger share of tokens explains, as in `stragglers.py`), GPU throttling (NVML SM
-clocks down or a harmful throttle reason), communication (collective transfer up) or data
-loading (data time up). A drop blamed on a straggler that the straggler detector also reports
-(the same rank, overlapping steps) is not a second finding: `fold` adds its evidence to the
-straggler's finding instead. Pure numpy.
+windows. The drop is then attributed by which component of step time grew (each one's mean
+over the steps before and after the change: means add up as step time does, while a median
+hides a fault present in only part of the window): a straggler (max compute per token up,
+median not), sequence-length imbalance (max compute up only as far as its rank's larger share
+of tokens explains, as in `stragglers.py`), GPU throttling (NVML SM clocks down or a harmful
+throttle reason), communication (collective transfer up) or data loading (every rank's: the
+median data time up; one rank's: the max's, and that rank is named). A drop blamed on a rank
+that the straggler detector also reports, for the same cause over overlapping steps, is not a
+second finding: `fold` adds its evidence to that finding instead. Pure numpy.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import msgspec
@@ -160,13 +163,14 @@ def attribute(
             return 0.0, 0.0
         with np.errstate(all="ignore"):
             x, y = (
-                float(np.nanmedian(fn(values[before], axis=1))),
-                float(np.nanmedian(fn(values[after], axis=1))),
+                float(np.nanmean(fn(values[before], axis=1))),
+                float(np.nanmean(fn(values[after], axis=1))),
             )
         return (0.0 if np.isnan(x) else x), (0.0 if np.isnan(y) else y)
 
     parts = {
         "data loading": delta(a.data_s, "median"),
+        _RANK_DATA: delta(a.data_s, "max"),
         "compute on every rank": delta(compute, "median"),
         "a straggler": delta(weighed, "max"),
         "communication": delta(a.transfer_s, "max"),
@@ -174,6 +178,7 @@ def attribute(
     growth = {k: v[1] - v[0] for k, v in parts.items()}
     everywhere = max(0.0, growth["compute on every rank"])
     growth["a straggler"] -= everywhere
+    growth[_RANK_DATA] -= max(0.0, growth["data loading"])
     raw_max = delta(compute, "max")
     if weighed is not compute:  # what the most loaded rank's extra tokens alone explain
         parts[_IMBALANCE] = raw_max
@@ -185,6 +190,7 @@ def attribute(
         findings.evidence(
             {
                 "data loading": "data_time",
+                _RANK_DATA: "max_data_time",
                 "compute on every rank": "compute_time",
                 # Weighed by tokens when they vary (then the raw max is the imbalance's).
                 "a straggler": (
@@ -202,8 +208,8 @@ def attribute(
     subjects = schema.Subjects()
     if cause == _IMBALANCE:
         return _imbalance(a, before, after, ev)
-    if cause == "a straggler":
-        col = int(np.nanargmax(np.nanmedian(weighed[after], axis=0)))
+    if cause in (_STRAGGLER, _RANK_DATA):
+        col = holds_up_most((weighed if cause == _STRAGGLER else a.data_s)[after])
         subjects = schema.Subjects(
             ranks=[int(a.ranks[col])], nodes=[a.nodes[col]] if a.nodes[col] else []
         )
@@ -223,42 +229,67 @@ def attribute(
             ev,
             f" ({throttled.size} GPU(s) on {', '.join(nodes[:4]) or 'unknown nodes'})",
         )
-    label = {"data loading": "data stall", "communication": "communication slowdown"}.get(
-        cause, cause
-    )
-    if cause == "compute on every rank":
-        label = "compute slowdown on every rank"
-    note = f" (rank {subjects.ranks[0]})" if cause == "a straggler" and subjects.ranks else ""
+    label = {
+        "data loading": "data stall",
+        _RANK_DATA: "data stall",
+        "communication": "communication slowdown",
+        "compute on every rank": "compute slowdown on every rank",
+    }.get(cause, cause)
+    note = f" (rank {subjects.ranks[0]})" if cause in _BLAMES and subjects.ranks else ""
     return label, subjects, ev, note
+
+
+def holds_up_most(values: robust.FloatArray) -> int:
+    """The column of rows [steps, ranks] that is, on average over the steps, furthest above
+    each step's median: the rank that cost the job most. A straggler slow at every step is;
+    so is an intermittent one (2x every 4th step: its median over the steps is normal, which
+    named a rank of one hiccup) and a ramp's, while one hiccup is diluted by the other steps."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column with no value: NaN
+        excess = np.nanmean(values - robust.nanmedian(values, 1, keepdims=True), axis=0)
+    finite = np.isfinite(excess)
+    return int(np.argmax(np.where(finite, excess, -np.inf))) if finite.any() else 0
 
 
 _IMBALANCE = "sequence-length imbalance"
 _STRAGGLER = "a straggler"
+# One rank's data loading (its data time's max over ranks grew, the median did not): the job
+# waits for that rank's loader as for a straggler.
+_RANK_DATA = "a rank's data loading"
+# Causes that name one rank, the finding kind that names it too, and how the summary says so.
+_BLAMES = {
+    _STRAGGLER: (schema.FindingKind.STRAGGLER, _STRAGGLER),
+    _RANK_DATA: (schema.FindingKind.DATA_STALL, "data stall"),
+}
 
 
-def straggler_rank(drop: schema.Finding) -> int | None:
-    """The rank an MFU-drop finding blames as a straggler (None: another cause)."""
+def blamed(drop: schema.Finding) -> tuple[int, schema.FindingKind] | None:
+    """The rank an MFU-drop finding blames (as a straggler, or for its data loading) and the
+    kind of finding that would name it for the same cause; None: another cause."""
     ranks = drop.subjects.ranks
     if drop.kind is not schema.FindingKind.MFU_DROP or len(ranks) != 1:
         return None
-    return ranks[0] if f": {_STRAGGLER} (rank {ranks[0]})" in drop.summary else None
+    for kind, label in _BLAMES.values():
+        if f": {label} (rank {ranks[0]})" in drop.summary:
+            return ranks[0], kind
+    return None
 
 
-def explains(straggler: schema.Finding, drop: schema.Finding, slack_steps: int) -> bool:
-    """Whether `straggler` (a straggler finding) names the rank `drop` blames, over steps that
-    reach within `slack_steps` of the drop's."""
-    rank = straggler_rank(drop)
+def explains(finding: schema.Finding, drop: schema.Finding, slack_steps: int) -> bool:
+    """Whether `finding` (a straggler or data-stall finding) names the rank `drop` blames for
+    the same cause, over steps that reach within `slack_steps` of the drop's."""
+    rank_kind = blamed(drop)
     return (
-        rank is not None
-        and straggler.kind is schema.FindingKind.STRAGGLER
-        and straggler.subjects.ranks == [rank]
-        and straggler.step_start <= drop.step_end + slack_steps
-        and drop.step_start <= straggler.step_end + slack_steps
+        rank_kind is not None
+        and finding.kind is rank_kind[1]
+        and finding.subjects.ranks == [rank_kind[0]]
+        and finding.step_start <= drop.step_end + slack_steps
+        and drop.step_start <= finding.step_end + slack_steps
     )
 
 
 def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
-    """`straggler` with the drop's headline evidence added (once)."""
+    """`straggler` (or a data-stall finding) with the drop's headline evidence added (once)."""
     head = drop.evidence[0]
     note = f"job {head.metric} from step {drop.step_start} ({head.note})"
     if any(e.metric == head.metric for e in straggler.evidence):
@@ -268,10 +299,10 @@ def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
 
 
 def fold(found: list[schema.Finding], slack_steps: int) -> list[schema.Finding]:
-    """`found` without the MFU drops a straggler finding among them explains, each folded
-    into that finding as evidence (order kept otherwise)."""
+    """`found` without the MFU drops a straggler or data-stall finding among them explains,
+    each folded into that finding as evidence (order kept otherwise)."""
     out = list(found)
-    for drop in [f for f in found if straggler_rank(f) is not None]:
+    for drop in [f for f in found if blamed(f) is not None]:
         for i, f in enumerate(out):
             if explains(f, drop, slack_steps):
                 out[i] = folded(f, drop)

@@ -39,6 +39,21 @@ def test_job_wide_data_stall_is_attributed_to_data_loading() -> None:
     assert data.observed - data.baseline > 0.25
 
 
+def test_one_ranks_data_stall_names_the_rank_and_is_the_data_stall_findings_evidence() -> None:
+    """One rank's loader takes 0.5 s more a step: the job waits for it (its median data time
+    does not move, its max does), so the drop names that rank, and the data-stall finding that
+    names it too carries the drop instead of a second finding."""
+    stall = sim.Fault(kind=sim.FaultKind.DATA_STALL, ranks=(9,), extra_s=0.5, start_step=60)
+    s = sim.simulate(sim.ScenarioConfig(num_ranks=64, num_steps=120, seed=9, faults=(stall,)))
+    [drop] = mfu.detect(s.arrays, config.MfuConfig())
+    assert drop.summary.endswith(": data stall (rank 9)") and drop.subjects.ranks == [9]
+    worst = next(e for e in drop.evidence if e.metric == "max_data_time")
+    assert (worst.observed or 0) - (worst.baseline or 0) > 0.4
+    found = engine.analyze_arrays(s.arrays)
+    assert [(f.kind, f.subjects.ranks) for f in found] == [(schema.FindingKind.DATA_STALL, [9])]
+    assert any(e.metric == drop.evidence[0].metric for e in found[0].evidence)
+
+
 def test_slow_link_drop_is_attributed_to_communication() -> None:
     [drop] = _drops(
         sim.Fault(kind=sim.FaultKind.SLOW_LINK, nodes=(1, 2), factor=3.0, start_step=60)
@@ -197,6 +212,23 @@ def test_a_genuinely_slow_rank_is_still_the_straggler_of_an_mfu_drop() -> None:
     assert [(f.kind, f.subjects.ranks) for f in found] == [(schema.FindingKind.STRAGGLER, [HEAVY])]
     folded = next(e for e in found[0].evidence if e.metric == level.metric)
     assert (folded.observed, folded.baseline) == (level.observed, level.baseline)
+
+
+def test_the_rank_named_for_a_drop_holds_the_steps_up_most() -> None:
+    """8 steps of 8 ranks: rank 3 computes 2x every 4th step (its median is normal), rank 5
+    is 2 % slower throughout and has one 1.6x hiccup. Rank 3 held the job up by 2 x 1.0 s,
+    rank 5 by 0.6 s and 8 x 0.02 s; a ramp's rank (4 % more each step) by 8 x 0.18 s on average."""
+    rng = np.random.default_rng(0)
+    compute = 1.0 + rng.uniform(-0.01, 0.01, (8, 8))
+    compute[:, 5] += 0.02
+    compute[[1, 5], 3] = 2.0
+    compute[2, 5] = 1.6
+    assert int(np.argmax(np.median(compute, axis=0))) == 5  # the median names the hiccup's
+    assert mfu.holds_up_most(compute) == 3
+    compute[:, 3] = np.nan  # a rank that sent nothing is not named
+    assert mfu.holds_up_most(compute) == 5
+    compute[:, 6] += 0.04 * np.arange(1, 9)  # 0.04 to 0.32 s: the slowest at its last steps only
+    assert mfu.holds_up_most(compute) == 6
 
 
 def test_token_weighing_leaves_compute_alone_without_varying_tokens() -> None:
