@@ -229,14 +229,8 @@ def attribute(
             ev,
             f" ({throttled.size} GPU(s) on {', '.join(nodes[:4]) or 'unknown nodes'})",
         )
-    label = {
-        "data loading": "data stall",
-        _RANK_DATA: "data stall",
-        "communication": "communication slowdown",
-        "compute on every rank": "compute slowdown on every rank",
-    }.get(cause, cause)
     note = f" (rank {subjects.ranks[0]})" if cause in _BLAMES and subjects.ranks else ""
-    return label, subjects, ev, note
+    return _LABELS.get(cause, cause), subjects, ev, note
 
 
 def holds_up_most(values: robust.FloatArray) -> int:
@@ -256,11 +250,15 @@ _STRAGGLER = "a straggler"
 # One rank's data loading (its data time's max over ranks grew, the median did not): the job
 # waits for that rank's loader as for a straggler.
 _RANK_DATA = "a rank's data loading"
-# Causes that name one rank, the finding kind that names it too, and how the summary says so.
-_BLAMES = {
-    _STRAGGLER: (schema.FindingKind.STRAGGLER, _STRAGGLER),
-    _RANK_DATA: (schema.FindingKind.DATA_STALL, "data stall"),
+# How a summary names each cause (others: as they are).
+_LABELS = {
+    "data loading": "data stall",
+    _RANK_DATA: "data stall",
+    "communication": "communication slowdown",
+    "compute on every rank": "compute slowdown on every rank",
 }
+# Causes that name one rank, and the kind of finding that names it for the same cause.
+_BLAMES = {_STRAGGLER: schema.FindingKind.STRAGGLER, _RANK_DATA: schema.FindingKind.DATA_STALL}
 
 
 def blamed(drop: schema.Finding) -> tuple[int, schema.FindingKind] | None:
@@ -269,8 +267,8 @@ def blamed(drop: schema.Finding) -> tuple[int, schema.FindingKind] | None:
     ranks = drop.subjects.ranks
     if drop.kind is not schema.FindingKind.MFU_DROP or len(ranks) != 1:
         return None
-    for kind, label in _BLAMES.values():
-        if f": {label} (rank {ranks[0]})" in drop.summary:
+    for cause, kind in _BLAMES.items():
+        if f": {_LABELS.get(cause, cause)} (rank {ranks[0]})" in drop.summary:
             return ranks[0], kind
     return None
 

@@ -214,13 +214,13 @@ def _in_slow_stage(
     more than half its ranks reach) above the median stage's by the excess a straggler needs.
     That is the stage's imbalance (`imbalance.stage_findings`), not its ranks' fault. A stage
     of one rank is that rank: it stays a straggler."""
-    if all_stages is None or scored_stages is not None or np.unique(all_stages).size < 2:
+    if all_stages is None or scored_stages is not None:
         return np.zeros(compute.shape, dtype=bool)
-    _, levels, center = imbalance.stage_levels(compute, all_stages)
+    stage_ids, levels, center = imbalance.stage_levels(compute, all_stages)
     with np.errstate(invalid="ignore"):
         slow = levels - center > cfg.min_excess * step_time
-    _, inverse, counts = np.unique(all_stages, return_inverse=True, return_counts=True)
-    return np.asarray(slow[:, inverse] & (counts[inverse] >= 2), dtype=bool)
+    column_stage = np.searchsorted(stage_ids, all_stages)
+    return slow[:, column_stage] & (_group_sizes(all_stages, compute.shape[1]) >= 2)
 
 
 def _group_sizes(stages: npt.NDArray[np.int32] | None, num_ranks: int) -> npt.NDArray[np.int64]:
