@@ -2,10 +2,11 @@
 
 The training thread (`session.py`) keeps each ended step as raw numbers; here, off that thread,
 their step records and collective aggregates are built (a tensor loss is read, which may sync
-a device), steps whose collectives still run on a CUDA device are held until they end, a
-heartbeat is queued, peak memory is read, and the process's own hang suspicion is checked
-with the node agent's `Watchdog` (the same rule: no progress for `hang_factor` x the slowest
-recent step, at least `min_hang_s`): then the ring buffer and thread stacks are dumped.
+a device), overlapped ops launched since (DDP's buckets) are put on the progress page, steps
+whose collectives still run on a CUDA device are held until they end, a heartbeat is queued,
+peak memory is read, and the process's own hang suspicion is checked with the node agent's
+`Watchdog` (the same rule: no progress for `hang_factor` x the slowest recent step, at least
+`min_hang_s`): then the ring buffer and thread stacks are dumped.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class Background:
         ended = self._ended
         now = self._clock()
         self._recorder.resolve_cuda()  # once for all the steps below
+        self._recorder.publish()  # the overlapped ops launched since, with the ends just read
         flops_per_token = self._flops_per_token() or 0.0
         while ended:
             e = ended[0]

@@ -6,6 +6,11 @@ recorder and the per-step aggregates it builds.
 
 Per event: process group, per-group sequence number, op, bytes, dtype, enqueue/start/end. Events
 go to the progress page's ring buffer; per-(group, op) aggregates are kept for the step record.
+An overlapped op (DDP's gradient buckets, launched inside backward) reaches the page later,
+through `publish` on the session's flusher thread (each `flush_interval_s`): a page write there
+costs the training thread tens of microseconds a bucket with its caches cold, and such an op
+neither blocks the training thread nor ends its step. Until then the page shows the rank's last
+other op: an agent's reading of a rank that has since stopped is at most one interval behind.
 Asynchronous ops are timed at completion through their Work's future (or their wait). On CUDA
 every op is timed with events, read without blocking (`resolve_cuda`): one recorded on the
 issuing stream at launch, one on the stream that is current where completion is observed. A
@@ -95,6 +100,7 @@ class _Pending:
     # event; the waiting stream's event at a wait), None while nothing waits for it.
     exposed_from: Any = None
     resolved: bool = False  # its device time has been read
+    end_wall: float = 0.0  # its end (wall clock) once known; 0: still running
 
 
 class CollectiveRecorder:
@@ -129,6 +135,12 @@ class CollectiveRecorder:
         self._on_device: collections.Counter[int] = collections.Counter()  # step -> ops
         self._indices = itertools.count()
         self._cuda_pending: list[tuple[_Pending, Any]] = []
+        # Overlapped ops launched and not yet on the page (`publish`), with their dtypes; more
+        # than the ring holds would lap their own slots there.
+        self._later: collections.deque[tuple[_Pending, bytes]] = collections.deque(
+            maxlen=page.capacity if page is not None else 0
+        )
+        self._publish_lock = threading.Lock()
         # Training-thread time blocked in sync ops (those timed on the host) and Work.wait.
         self.blocked_s = 0.0
         self.collective_s = 0.0
@@ -188,7 +200,9 @@ class CollectiveRecorder:
         if device >= 0:  # timed on the device (see finish)
             pending.cuda_start, pending.device = stream_event(device), device
         page = self._page
-        if page is not None:
+        if page is not None and site.overlapped:  # onto the page later, off this thread
+            self._later.append((pending, dtype_b))
+        elif page is not None:
             page.begin_event(
                 index, seq, step, nbytes, now + self._wall, site.group_b, site.op_b, dtype_b,
                 blocking, now,
@@ -264,9 +278,10 @@ class CollectiveRecorder:
                 agg.last_seq, agg.last_s = seq, duration
             agg.exposed_s += exposed
             self.collective_s += duration
+        pending.end_wall = end + self._wall
         page = self._page
         if page is not None:
-            page.finish_event(pending.index, end + self._wall)
+            page.finish_event(pending.index, pending.end_wall)
 
     def enter_wait(self, pending: _Pending) -> None:
         """The training thread blocks in the wait of an asynchronous op launched earlier (a
@@ -323,6 +338,28 @@ class CollectiveRecorder:
         its CPU there) or a whole batch of p2p ops. Blocked time, never compute."""
         self.wait_blocked(self._clock() - start)
 
+    def publish(self) -> None:
+        """Put the overlapped ops launched since the last call (DDP's gradient buckets) on
+        the progress page, with their ends where known. Launched inside backward, where every
+        page write costs the training thread tens of microseconds, they are written here by the
+        session's flusher, each interval and at the end (module docstring). Any thread but
+        one at a time; fail-open."""
+        page = self._page
+        if page is None or not self._later:
+            return
+        try:
+            with self._publish_lock:
+                later, taken = self._later, []
+                while later:  # the training thread only appends
+                    taken.append(later.popleft())
+                events = [_later_event(p, dtype_b, self._wall) for p, dtype_b in taken]
+                page.publish_events(events)
+                for (p, _), event in zip(taken, events, strict=True):
+                    if p.end_wall and not event.end_wall:  # it ended while being written
+                        page.finish_event(p.index, p.end_wall)
+        except Exception as exc:  # fail-open
+            self._on_error(exc)
+
     # -- step boundary --------------------------------------------------------------------
     def swap(self) -> tuple[StepAggregates, float, float]:
         """This step's aggregates (for `aggregate_records`), exposed blocked time and total
@@ -378,6 +415,16 @@ class CollectiveRecorder:
 
 
 StepAggregates = dict[_Site, _Agg]
+
+
+def _later_event(pending: _Pending, dtype_b: bytes, wall: float) -> progress.LaterEvent:
+    """`pending` as `CollectiveRecorder.publish` puts it on the page (`wall`: the recorder's
+    wall-clock offset)."""
+    p, site = pending, pending.site
+    return progress.LaterEvent(
+        p.index, p.seq, p.step, p.nbytes, p.start + wall, p.start, p.end_wall, site.group_b,
+        site.op_b, dtype_b,
+    )  # fmt: skip
 
 
 def exposed_s(aggs: StepAggregates) -> float:

@@ -10,10 +10,15 @@ Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
 | 384    | step    | SDK        | last step's time, MFU, comm wait, collective time, tokens, loss |
 | 512    | health  | SDK        | errors, dropped/queued records, ship errors, quarantined batches |
 | 576    | control | agent/SDK  | a control request (seq, kind) from the agent and the SDK's ack |
+| 640    | later   | SDK thread | newest op published after launch: ring head, last op, times |
 | 1024   | ring    | SDK        | the last `capacity` collective events, 128-byte slots |
 
 Every block written while others may read is guarded by a seqlock (odd while writing); readers
-retry a bounded number of times. This module owns the layout and nothing else: no torch, no
+retry a bounded number of times. Ops that run behind compute (DDP's gradient buckets) are put on
+the page after their launch by the SDK's background thread (`publish_events`), not in the
+training thread's backward: their slots and the "later" block are that thread's alone, and a
+reader takes the position (ring head, last op, progress time) of whichever block saw the newer
+op. This module owns the layout and nothing else: no torch, no
 threads, no network.
 """
 
@@ -26,9 +31,9 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from vigil import schema
 
@@ -49,6 +54,8 @@ _ACK = struct.Struct("<Q")
 _SLOT = struct.Struct("<QqQddd32s24s16s")
 _SEQ = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
+# ring head, last seq, last group, last op, progress mono/wall (`publish_events`)
+_LATER = struct.Struct("<QQ32s24sdd")
 
 _OFF_META = 0
 _OFF_LIVE = 256
@@ -56,6 +63,7 @@ _OFF_STEP = 384
 _OFF_HEALTH = 512
 _OFF_CONTROL = 576
 _OFF_ACK = 608
+_OFF_LATER = 640
 _OFF_RING = 1024
 SLOT_SIZE = 128
 # A reader retries a block that is being written; in the writer's own process it must also let
@@ -80,6 +88,7 @@ assert _OFF_LIVE + 8 + _LIVE.size <= _OFF_STEP
 assert _OFF_STEP + 8 + _STEP.size <= _OFF_HEALTH
 assert _OFF_HEALTH + 8 + _HEALTH.size <= _OFF_CONTROL
 assert _OFF_CONTROL + _CONTROL.size <= _OFF_ACK
+assert _OFF_ACK + _ACK.size <= _OFF_LATER and _OFF_LATER + 8 + _LATER.size <= _OFF_RING
 assert 8 + _SLOT.size <= SLOT_SIZE
 
 
@@ -126,6 +135,22 @@ def encode_op(op: str) -> bytes:
 
 def encode_dtype(dtype: str) -> bytes:
     return _enc(dtype, 16)
+
+
+class LaterEvent(NamedTuple):
+    """An op put on the page after its launch (`PageWriter.publish_events`): `wall`/`mono`
+    its launch, `end_wall` its end (0: not yet)."""
+
+    index: int
+    seq: int
+    step: int
+    nbytes: int
+    wall: float
+    mono: float
+    end_wall: float
+    group_b: bytes
+    op_b: bytes
+    dtype_b: bytes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,7 +245,8 @@ class PageWriter:
             _enc(node, 64),
             _enc(pid_ns, 24),
         )
-        self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0}
+        self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0, _OFF_LATER: 0}
+        self._later_head = 0  # the ring head as of the newest op `publish_events` wrote
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
         self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
@@ -351,6 +377,35 @@ class PageWriter:
         live[3], live[4] = now_mono, wall
         live[6], live[7], live[8] = seq, group_b, op_b
         self._write_live()
+
+    def publish_events(self, events: Sequence[LaterEvent]) -> None:
+        """Put ops launched earlier on the page from a thread other than the training thread:
+        their ring slots (with their end where known) and, where the newest of them is newer
+        than every op on the page, the "later" block's position. One publishing thread at a
+        time; the training thread's own writes never touch these slots (each index is written
+        once) nor that block. A slot the ring has lapped since its op's launch is skipped."""
+        buf, capacity = self._map, self.capacity
+        newest: LaterEvent | None = None
+        for event in events:
+            index = event.index
+            if index < max(cast(int, self._live[9]), self._later_head) - capacity:
+                continue  # newer ops already own its slot
+            offset = _OFF_RING + (index % capacity) * SLOT_SIZE
+            version = (index // capacity) * 2 + 1
+            _SEQ.pack_into(buf, offset, version)
+            _SLOT.pack_into(
+                buf, offset + 8, event.seq, event.step, event.nbytes, event.wall, event.wall,
+                event.end_wall, event.group_b, event.op_b, event.dtype_b,
+            )  # fmt: skip
+            _SEQ.pack_into(buf, offset, version + 1)
+            if newest is None or index > newest.index:
+                newest = event
+        if newest is not None and newest.index + 1 > self._later_head:
+            self._later_head = newest.index + 1
+            self._guarded(
+                _OFF_LATER, _LATER, self._later_head, newest.seq, newest.group_b, newest.op_b,
+                newest.mono, newest.wall,
+            )  # fmt: skip
 
     def write_event(
         self,
@@ -483,7 +538,13 @@ class PageReader:
             time.sleep(0.0005)
 
     def snapshot(self) -> PageSnapshot:
-        live = self._read(_OFF_LIVE, _LIVE)
+        live = list(self._read(_OFF_LIVE, _LIVE))
+        head, seq, group, op, mono, wall = self._read(_OFF_LATER, _LATER)
+        if head > live[9]:  # an op published after its launch is the newest on the page ...
+            live[9] = head
+            if live[0] != _IN_COLLECTIVE:  # ... and the rank's position, unless it is inside one
+                live[6:9] = seq, group, op
+                live[3], live[4] = max(live[3], mono), max(live[4], wall)
         step = self._read(_OFF_STEP, _STEP)
         health = self._read(_OFF_HEALTH, _HEALTH)
         last = StepSummary()

@@ -484,6 +484,7 @@ class Session:
             self._stacks_file.write(f"# vigil: {reason} at {time.time():.3f}\n")
             self._stacks_file.flush()
             faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
+        self.recorder.publish()  # the ring's overlapped ops too
         reader = progress.PageReader(self.page.path)
         try:
             self.queue.extend(reader.events())

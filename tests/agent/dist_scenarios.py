@@ -157,6 +157,7 @@ def main(rank: int, world: int, port: int, out: str, progress_dir: str) -> None:
     # progress folder (the last rank out), page and all.
     session = vigil.agent.current()
     assert session is not None
+    session.recorder.publish()  # DDP's buckets reach the ring from the flusher, each interval
     kept = Path(out) / "kept-pages"
     kept.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(session.page.path, kept / session.page.path.name)

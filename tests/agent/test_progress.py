@@ -207,3 +207,94 @@ def test_the_step_boundary_calls_write_what_progress_and_step_done_write(tmp_pat
     fields = ("last_step", "step_start_mono_s", "progress_mono_s", "last_group", "last_seq")
     assert [getattr(snaps[0], f) for f in fields] == [getattr(snaps[1], f) for f in fields]
     assert [getattr(snaps[0], f) for f in fields] == [4, 10.0, 11.5, "dp:0", 3]
+
+
+def _later(index: int, *, seq: int, mono: float, end: float = 0.0) -> progress.LaterEvent:
+    group, op, dtype = (progress.encode_group("world"), progress.encode_op("ddp_all_reduce"),
+                        progress.encode_dtype("float32"))  # fmt: skip
+    return progress.LaterEvent(index, seq, 2, 4096, 1e9 + mono, mono, end, group, op, dtype)
+
+
+def test_an_op_published_after_its_launch_is_the_pages_newest_position(tmp_path: Path) -> None:
+    """A DDP bucket reaches the page from the flusher: once there, its slot reads like any other
+    and, being the newest op, it is the rank's position, unless the rank is inside an op."""
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    writer.step_begun(2, 10.0, 1e9 + 10.0)
+    _event(writer, 0)  # the step's own sync op, index 0, then two buckets launched
+    writer.collective("tp:2", 1, "all_reduce", entering=False, now_mono=10.2, now_wall=1e9 + 10.2)
+    before = reader.snapshot()
+    writer.publish_events(
+        [_later(1, seq=7, mono=10.5, end=1e9 + 10.6), _later(2, seq=8, mono=10.7)]
+    )
+    snap = reader.snapshot()
+    assert (before.ring_head, before.last_group, before.last_seq) == (1, "tp:2", 1)
+    assert (snap.ring_head, snap.last_group, snap.last_seq, snap.last_op) == (
+        3, "world", 8, "ddp_all_reduce",
+    )  # fmt: skip
+    assert snap.progress_mono_s == 10.7 and snap.state is schema.RankState.COMPUTE
+    events = reader.events()
+    assert [(e.seq, e.op) for e in events] == [(1, "all_reduce"), (7, "ddp_all_reduce"),
+                                               (8, "ddp_all_reduce")]  # fmt: skip
+    assert events[1].end_s == 1e9 + 10.6 and events[2].end_s == 0.0  # the second still runs
+    writer.finish_event(2, 1e9 + 10.9)
+    assert reader.events()[2].end_s == 1e9 + 10.9
+    # A newer op of the training thread's own takes the position back ...
+    _event(writer, 3)
+    writer.collective("tp:2", 4, "all_reduce", entering=True, now_mono=11.0, now_wall=1e9 + 11)
+    inside = reader.snapshot()
+    assert (inside.ring_head, inside.last_seq, inside.state) == (
+        4, 4, schema.RankState.IN_COLLECTIVE,
+    )  # fmt: skip
+    # ... and inside an op the rank's position stays that op, whatever is published later.
+    writer.publish_events([_later(4, seq=9, mono=11.1)])
+    still = reader.snapshot()
+    assert (still.ring_head, still.last_group, still.last_seq) == (5, "tp:2", 4)
+    assert [e.seq for e in reader.events()] == [1, 7, 8, 4, 9]
+    reader.close()
+    writer.close()
+
+
+def test_an_op_published_after_the_ring_lapped_its_slot_is_dropped(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, capacity=4)
+    for index in range(1, 9):  # index 0 is launched first but published only now
+        _event(writer, index)
+    writer.collective("tp:2", 9, "all_reduce", entering=False, now_mono=1.0, now_wall=1e9)
+    writer.publish_events([_later(0, seq=1, mono=0.5)])
+    reader = progress.PageReader(writer.path)
+    assert [e.seq for e in reader.events()] == [6, 7, 8, 9]  # index 4's slot is index 8's
+    assert reader.snapshot().ring_head == 9
+    reader.close()
+    writer.close()
+
+
+def test_the_recorder_puts_ddp_buckets_on_the_page_when_published(tmp_path: Path) -> None:
+    """Overlapped ops (DDP's buckets) cost the training thread no page write: `publish` (the
+    flusher) writes them, with the end of each that has ended, ended before or while."""
+    from vigil.agent import collectives
+
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+    errors: list[BaseException] = []
+    recorder = collectives.CollectiveRecorder(page=writer, on_error=errors.append)
+    recorder.step = 2
+    bucket = torch.ones(8)
+    first = recorder.begin("ddp_all_reduce", None, bucket, None, blocking=False, overlapped=True)
+    second = recorder.begin("ddp_all_reduce", None, bucket, None, blocking=False, overlapped=True)
+    recorder.finish(first, sync=False)  # on the comm thread, before the flusher comes
+    assert reader.snapshot().ring_head == 0 and reader.events() == []
+    recorder.publish()
+    events = reader.events()
+    assert [(e.seq, e.op, e.bytes, e.dtype, e.step) for e in events] == [
+        (1, "ddp_all_reduce", 32, "float32", 2), (2, "ddp_all_reduce", 32, "float32", 2),
+    ]  # fmt: skip
+    assert events[0].end_s >= events[0].start_s > 0 and events[1].end_s == 0.0
+    recorder.finish(second, sync=False)
+    assert reader.events()[1].end_s >= events[1].start_s
+    snap = reader.snapshot()
+    assert (snap.ring_head, snap.last_group, snap.last_seq) == (2, "world", 2)
+    recorder.publish()  # nothing new: nothing changes
+    assert reader.snapshot().ring_head == 2 and len(reader.events()) == 2
+    assert errors == []
+    reader.close()
+    writer.close()
