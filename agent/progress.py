@@ -384,20 +384,16 @@ class PageWriter:
         than every op on the page, the "later" block's position. One publishing thread at a
         time; the training thread's own writes never touch these slots (each index is written
         once) nor that block. A slot the ring has lapped since its op's launch is skipped."""
-        buf, capacity = self._map, self.capacity
+        capacity = self.capacity
         newest: LaterEvent | None = None
         for event in events:
             index = event.index
             if index < max(cast(int, self._live[9]), self._later_head) - capacity:
                 continue  # newer ops already own its slot
-            offset = _OFF_RING + (index % capacity) * SLOT_SIZE
-            version = (index // capacity) * 2 + 1
-            _SEQ.pack_into(buf, offset, version)
-            _SLOT.pack_into(
-                buf, offset + 8, event.seq, event.step, event.nbytes, event.wall, event.wall,
+            self._slot(
+                index, event.seq, event.step, event.nbytes, event.wall, event.wall,
                 event.end_wall, event.group_b, event.op_b, event.dtype_b,
             )  # fmt: skip
-            _SEQ.pack_into(buf, offset, version + 1)
             if newest is None or index > newest.index:
                 newest = event
         if newest is not None and newest.index + 1 > self._later_head:
@@ -406,6 +402,29 @@ class PageWriter:
                 _OFF_LATER, _LATER, self._later_head, newest.seq, newest.group_b, newest.op_b,
                 newest.mono, newest.wall,
             )  # fmt: skip
+
+    def _slot(
+        self,
+        index: int,
+        seq: int,
+        step: int,
+        nbytes: int,
+        enqueue_s: float,
+        start_s: float,
+        end_s: float,
+        group_b: bytes,
+        op_b: bytes,
+        dtype_b: bytes,
+    ) -> None:
+        """Ring slot `index % capacity`, seqlocked by its lap (`begin_event` inlines this)."""
+        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+        version = (index // self.capacity) * 2 + 1
+        _SEQ.pack_into(self._map, offset, version)
+        _SLOT.pack_into(
+            self._map, offset + 8, seq, step, nbytes, enqueue_s, start_s, end_s, group_b, op_b,
+            dtype_b,
+        )  # fmt: skip
+        _SEQ.pack_into(self._map, offset, version + 1)
 
     def write_event(
         self,
@@ -422,23 +441,10 @@ class PageWriter:
         dtype: str,
     ) -> None:
         """Write ring slot `index % capacity` (index counts every event ever written)."""
-        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
-        version = (index // self.capacity) * 2 + 1
-        _SEQ.pack_into(self._map, offset, version)
-        _SLOT.pack_into(
-            self._map,
-            offset + 8,
-            seq,
-            step,
-            nbytes,
-            enqueue_s,
-            start_s,
-            end_s,
-            _enc(group, 32),
-            _enc(op, 24),
+        self._slot(
+            index, seq, step, nbytes, enqueue_s, start_s, end_s, _enc(group, 32), _enc(op, 24),
             _enc(dtype, 16),
-        )
-        _SEQ.pack_into(self._map, offset, version + 1)
+        )  # fmt: skip
         # The ring head reaches readers with the next live-block write (the collective() call
         # that follows every write_event), saving one seqlocked write per collective.
         self._live[9] = index + 1
