@@ -141,7 +141,7 @@ class LaterEvent(NamedTuple):
     """An op put on the page after its launch (`PageWriter.publish_events`): `wall`/`mono`
     its launch, `end_wall` its end (0: not yet)."""
 
-    index: int
+    ring_index: int
     seq: int
     step: int
     nbytes: int
@@ -387,17 +387,17 @@ class PageWriter:
         capacity = self.capacity
         newest: LaterEvent | None = None
         for event in events:
-            index = event.index
+            index = event.ring_index
             if index < max(cast(int, self._live[9]), self._later_head) - capacity:
                 continue  # newer ops already own its slot
             self._slot(
                 index, event.seq, event.step, event.nbytes, event.wall, event.wall,
                 event.end_wall, event.group_b, event.op_b, event.dtype_b,
             )  # fmt: skip
-            if newest is None or index > newest.index:
+            if newest is None or index > newest.ring_index:
                 newest = event
-        if newest is not None and newest.index + 1 > self._later_head:
-            self._later_head = newest.index + 1
+        if newest is not None and newest.ring_index + 1 > self._later_head:
+            self._later_head = newest.ring_index + 1
             self._guarded(
                 _OFF_LATER, _LATER, self._later_head, newest.seq, newest.group_b, newest.op_b,
                 newest.mono, newest.wall,
