@@ -420,10 +420,10 @@ StepAggregates = dict[_Site, _Agg]
 def _later_event(pending: _Pending, dtype_b: bytes, wall: float) -> progress.LaterEvent:
     """`pending` as `CollectiveRecorder.publish` puts it on the page (`wall`: the recorder's
     wall-clock offset)."""
-    p, site = pending, pending.site
+    p = pending
     return progress.LaterEvent(
-        p.index, p.seq, p.step, p.nbytes, p.start + wall, p.start, p.end_wall, site.group_b,
-        site.op_b, dtype_b,
+        p.index, p.seq, p.step, p.nbytes, p.start + wall, p.start, p.end_wall, p.site.group_b,
+        p.site.op_b, dtype_b,
     )  # fmt: skip
 
 

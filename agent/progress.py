@@ -18,8 +18,7 @@ retry a bounded number of times. Ops that run behind compute (DDP's gradient buc
 the page after their launch by the SDK's background thread (`publish_events`), not in the
 training thread's backward: their slots and the "later" block are that thread's alone, and a
 reader takes the position (ring head, last op, progress time) of whichever block saw the newer
-op. This module owns the layout and nothing else: no torch, no
-threads, no network.
+op. This module owns the layout and nothing else: no torch, no threads, no network.
 """
 
 from __future__ import annotations
