@@ -84,6 +84,17 @@ def repeats(values: I64) -> bool:
     return bool(distinct(values).size != values.size)
 
 
+def occurrence(values: I64) -> I64:
+    """For each element, how many equal ones come before it (0 for a value's first)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    runs = np.diff(np.r_[starts, ordered.size])
+    nth = np.empty_like(values)
+    nth[order] = np.arange(values.size) - np.repeat(starts, runs)
+    return nth
+
+
 def _ints(records: Sequence[object], name: str) -> I64:
     return np.fromiter(map(_GET[name], records), np.int64, len(records))
 

@@ -218,14 +218,21 @@ class HangTracker:
         self, beats: Sequence[schema.Heartbeat], arrays: aggcols.BeatBatch | None = None
     ) -> None:
         """`observe_heartbeat` for each of `beats`, in order (`arrays`: them as arrays, if
-        built); vectorised when no rank sent two, one by one otherwise."""
+        built), vectorised. Ranks are independent of each other here, so where a rank sent
+        several (batches merged, or a sender's shipment spanning seconds) each rank's first
+        heartbeats are taken together, then each rank's second, ...: every rank's in its order."""
         b = arrays if arrays is not None else aggcols.beat_batch(beats, self.names)
         if not len(b):
             return
         if aggcols.repeats(b.rank):
-            for hb in beats:
-                self.observe_heartbeat(hb)
+            nth = aggcols.occurrence(b.rank)
+            for k in range(int(nth.max()) + 1):
+                self._distinct_beats(b.take(nth == k))
             return
+        self._distinct_beats(b)
+
+    def _distinct_beats(self, b: aggcols.BeatBatch) -> None:
+        """`observe_heartbeats` of arrays in which no rank occurs twice."""
         kept = b.time_s >= self._epoch_s  # older ones: ranks of an attempt since restarted
         if not kept.all():
             b = b.take(kept)
@@ -392,7 +399,8 @@ class HangTracker:
     def _crash_finding(self, now_s: float, culprits: list[int], how: str) -> schema.Finding:
         beats = self._last_beat
         last = max(self._alive_s(r) for r in culprits)
-        peers = [t for r, t in beats.items() if r not in culprits]
+        named = set(culprits)
+        peers = [t for r, t in beats.items() if r not in named]
         shown = ", ".join(map(str, culprits[:8])) + ("..." if len(culprits) > 8 else "")
         failed = len(self._failed)
         return findings.make_finding(

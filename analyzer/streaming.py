@@ -437,6 +437,10 @@ class StreamingAnalyzer:
         history: History | None = None,
     ) -> None:
         self.config = config or config_mod.AnalyzerConfig()
+        # The collector may hand over several batches as one call when together they span at
+        # most this many steps of a job (`MergingAnalyzer`): a quarter of the ring, so a call
+        # never forces its own steps to be analysed before they are in (`_JobStream.feed`).
+        self.merge_steps = max(1, self.config.stream_window_steps // 4)
         # Least recently seen first; each job's value: its stream and the tick time it was last
         # seen at (jobs idle past `stream_job_idle_s` are forgotten on tick).
         self._jobs: OrderedDict[str, _JobStream] = OrderedDict()

@@ -147,8 +147,10 @@ def _deepest_wait(
     members missing (a hang in a node's tensor-parallel group also stalls the data-parallel
     all-reduce; the tensor-parallel collective is the one to name).
     """
-    best, best_missing = waits[0], None
-    for wait in {(w.group, w.seq): w for w in waits}.values():
+    # In (group, seq) order: ties go the same way whichever rank's heartbeat arrived first.
+    candidates = [w for _, w in sorted({(w.group, w.seq): w for w in waits}.items())]
+    best, best_missing = candidates[0], None
+    for wait in candidates:
         members = seqs.get(wait.group, {})
         missing = [m for m, seq in members.items() if seq < wait.seq]
         if not culprits.intersection(missing):

@@ -75,6 +75,7 @@ def create_app(
             on_error=metrics.analyzer_errors.inc,
             on_drop=metrics.analyzer_dropped.inc,
             max_pending=settings.analyzer_max_pending,
+            max_pending_records=settings.analyzer_max_pending_records,
         )
         runner_box.append(ctx.runner)
     docs_open = settings.docs_public or not settings.auth_enabled

@@ -79,9 +79,13 @@ class CollectorSettings(CommonSettings):
     # /openapi.json do (they map the whole API; off by default).
     metrics_public: bool = True
     docs_public: bool = False
-    # Batches queued for the streaming analyzer; past it a batch is stored but not analysed
-    # (counted in vigil_collector_analyzer_dropped_batches_total), so ingest never waits for it.
-    analyzer_max_pending: int = Field(default=1024, ge=1)
+    # Batches queued for the streaming analyzer, and the records they hold together; past
+    # either a batch is stored but not analysed (counted in
+    # vigil_collector_analyzer_dropped_batches_total), so ingest never waits for it and its
+    # queue's memory stays bounded (~200 bytes a record). Senders ship per rank: a 10,000-rank
+    # job sends ~10,000 batches (~160,000 records) a second, which the analyzer takes merged.
+    analyzer_max_pending: int = Field(default=16_384, ge=1)
+    analyzer_max_pending_records: int = Field(default=500_000, ge=1)
 
     @field_validator("ingest_tokens", "read_tokens", mode="before")
     @classmethod

@@ -117,6 +117,20 @@ def from_records(records: Sequence[schema.StepRecord]) -> StepColumns:
     return from_rows(list(map(msgspec.structs.astuple, records)))
 
 
+def concat(parts: Sequence[StepColumns]) -> StepColumns:
+    """Several batches' columns as one, in the order given (their loss only if all carry it)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return StepColumns(values=np.zeros((0, len(NUMERIC))), job_ids=[])
+    losses = [p.loss for p in parts if p.loss is not None]
+    return StepColumns(
+        values=np.concatenate([p.values for p in parts]),
+        job_ids=list(chain.from_iterable(p.job_ids for p in parts)),
+        loss=np.concatenate(losses) if len(losses) == len(parts) else None,
+    )
+
+
 def index(name: str) -> int:
     """Position of a NUMERIC field in `StepColumns.values`."""
     return _INDEX[name]

@@ -85,6 +85,8 @@ class EnvVar(enum.StrEnum):
     MAX_WORLD_SIZE = "VIGIL_MAX_WORLD_SIZE"
     # Batches queued for the streaming analyzer before new ones are stored but not analysed.
     ANALYZER_MAX_PENDING = "VIGIL_ANALYZER_MAX_PENDING"
+    # Records (step rows included) those queued batches may hold together, the same way.
+    ANALYZER_MAX_PENDING_RECORDS = "VIGIL_ANALYZER_MAX_PENDING_RECORDS"
     # Seconds a request may take to send its headers before the collector closes it.
     HEADER_TIMEOUT_S = "VIGIL_HEADER_TIMEOUT_S"
     # Connections and in-flight requests the collector serves at once (then 503).

@@ -13,12 +13,12 @@ DATA = Path(__file__).parent / "data"
 
 
 def records(folder: Path) -> list[schema.Record]:
-    return [
-        codec.decode_json(line)
-        for path in sorted(folder.glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
+    return [r for path in sorted(folder.glob("*.jsonl")) for r in records_of(path)]
+
+
+def records_of(path: Path) -> list[schema.Record]:
+    """One JSONL file's records, in the order they were written."""
+    return [codec.decode_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def streamed(found_in: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:

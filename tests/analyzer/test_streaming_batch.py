@@ -186,6 +186,44 @@ def test_heartbeat_batches_equal_one_by_one() -> None:
         assert bulk.check(101.0 + i) == one.check(101.0 + i)
 
 
+def test_heartbeat_batches_with_ranks_beating_several_times_equal_one_by_one() -> None:
+    """Merged shipments carry several heartbeats of a rank: each rank's are taken in order,
+    and the tracker ends where one-by-one updates leave it (up to which rank came first)."""
+    rng = random.Random(11)
+    cfg = config_mod.HangConfig()
+    one, bulk = hangs.HangTracker("j", cfg), hangs.HangTracker("j", cfg)
+    for i in range(40):
+        beats = [hb for k in range(rng.randrange(2, 5)) for hb in _beats(rng, 12, 100.0 + i + k)]
+        rng.shuffle(beats)
+        assert aggcols.repeats(np.array([hb.rank for hb in beats]))
+        for hb in beats:
+            one.observe_heartbeat(hb)
+        bulk.observe_heartbeats(beats)
+        assert _unordered(bulk) == _unordered(one)
+        assert bulk.check(101.0 + i) == one.check(101.0 + i)
+
+
+def _unordered(t: hangs.HangTracker) -> tuple[object, ...]:
+    """`_state` without the order in which different ranks were first seen (which of two
+    ranks' heartbeats came first in a batch is arbitrary; nothing reads that order)."""
+    return (
+        t._last_beat,
+        t._failed,
+        {r: c for r, c in t._checkpoints.items() if c},
+        t._positions.seqs(),
+        sorted(t._wait_list(), key=lambda w: w.rank),
+        t._finished,
+        t._checkpointing,
+        t._ranks,
+    )
+
+
+def test_occurrence_counts_earlier_equal_values() -> None:
+    values = np.array([5, 3, 5, 5, 0, 3], dtype=np.int64)
+    assert aggcols.occurrence(values).tolist() == [0, 0, 1, 2, 0, 1]
+    assert aggcols.occurrence(np.zeros(0, dtype=np.int64)).tolist() == []
+
+
 def test_split_keeps_each_type_in_order() -> None:
     records: list[schema.Record] = []
     for r in range(5):
