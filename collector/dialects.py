@@ -6,6 +6,7 @@ here takes an open SQLAlchemy connection inside the caller's transaction and nev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
@@ -41,38 +42,30 @@ def upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> No
     """Insert `rows`, replacing every non-key column of rows whose primary key exists."""
     if not rows:
         return
-    rows = dedupe(table, rows)
+    conn.execute(_upsert_statement(conn.dialect.name, table), dedupe(table, rows))
+
+
+@functools.cache
+def _upsert_statement(dialect: str, table: Table) -> Any:
+    """`upsert`'s statement, built once per table (building it costs more than a small write)."""
     key = primary_key(table)
-    if conn.dialect.name == POSTGRESQL:
-        pg = postgresql.insert(table)
-        conn.execute(
-            pg.on_conflict_do_update(
-                index_elements=key,
-                set_={c.name: pg.excluded[c.name] for c in table.columns if c.name not in key},
-            ),
-            rows,
-        )
-        return
-    lite = sqlite.insert(table)
-    conn.execute(
-        lite.on_conflict_do_update(
-            index_elements=key,
-            set_={c.name: lite.excluded[c.name] for c in table.columns if c.name not in key},
-        ),
-        rows,
+    stmt: Any = (postgresql if dialect == POSTGRESQL else sqlite).insert(table)
+    return stmt.on_conflict_do_update(
+        index_elements=key,
+        set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in key},
     )
 
 
 def insert_ignore(conn: Connection, table: Table, row: dict[str, Any]) -> bool:
     """Insert one row unless its primary key exists; True when it was inserted."""
-    stmt: Any
-    if conn.dialect.name == POSTGRESQL:
-        stmt = postgresql.insert(table).values(**row).on_conflict_do_nothing()
-    else:
-        stmt = sqlite.insert(table).values(**row).on_conflict_do_nothing()
+    return conn.execute(_insert_ignore_statement(conn.dialect.name, table), row).first() is not None
+
+
+@functools.cache
+def _insert_ignore_statement(dialect: str, table: Table) -> Any:
+    stmt: Any = (postgresql if dialect == POSTGRESQL else sqlite).insert(table)
     # RETURNING rather than rowcount: drivers do not all report rowcount for INSERT.
-    key = table.primary_key.columns.values()[0]
-    return conn.execute(stmt.returning(key)).first() is not None
+    return stmt.on_conflict_do_nothing().returning(table.primary_key.columns.values()[0])
 
 
 def insert_missing(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
@@ -167,14 +160,20 @@ def _sqlite_write(
     *,
     upsert_rows: bool,
 ) -> None:
-    values = f"VALUES ({', '.join('?' for _ in columns)})"
-    cols = ", ".join(_quote(conn, c) for c in columns)
-    sql = (
-        upsert_sql(conn, table, columns, values)
-        if upsert_rows
-        else f"INSERT INTO {_quote(conn, table.name)} ({cols}) {values}"
-    )
+    key = (table, tuple(columns), upsert_rows)
+    sql = _SQLITE_WRITES.get(key)
+    if sql is None:  # built once per table and column list: building costs more than a small write
+        values = f"VALUES ({', '.join('?' for _ in columns)})"
+        cols = ", ".join(_quote(conn, c) for c in columns)
+        sql = _SQLITE_WRITES[key] = (
+            upsert_sql(conn, table, columns, values)
+            if upsert_rows
+            else f"INSERT INTO {_quote(conn, table.name)} ({cols}) {values}"
+        )
     conn.exec_driver_sql(sql, list(rows))
+
+
+_SQLITE_WRITES: dict[tuple[Table, tuple[str, ...], bool], str] = {}
 
 
 def _pg_upsert(
