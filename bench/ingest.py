@@ -97,9 +97,21 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def collector(url: str, data_dir: Path, core: int, *, analyzer: bool = True) -> Iterator[str]:
+def collector(
+    url: str,
+    data_dir: Path,
+    core: int,
+    *,
+    analyzer: bool = True,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
     port = _free_port()
-    env = {**os.environ, "VIGIL_DATA_DIR": str(data_dir), "VIGIL_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "VIGIL_DATA_DIR": str(data_dir),
+        "VIGIL_LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -136,10 +136,11 @@ class AnalyzerRunner:
 
     The queue is bounded: past `max_pending` queued batches and ticks, or `max_pending_records`
     records in the queued batches, a batch is dropped (and counted through `on_drop`) rather
-    than queued, so a slow analyzer never holds ingest's memory or time; a tick is skipped while another is still queued. A `MergingAnalyzer` sees
-    the batches queued at each wake as one call (in commit order, at most
-    `MAX_MERGE_RECORDS` records, within its `merge_steps`); the worker wakes again after any
-    tick queued meanwhile, so a stream of batches never starves hang checks.
+    than queued, so a slow analyzer never holds ingest's memory or time; a tick is skipped
+    while another is still queued. A `MergingAnalyzer` sees the batches queued at each wake
+    as one call (in commit order, at most `MAX_MERGE_RECORDS` records, within its
+    `merge_steps`); the worker wakes again after any tick queued meanwhile, so a stream of
+    batches never starves hang checks.
     """
 
     def __init__(

@@ -36,6 +36,7 @@ from vigil.collector import (
     ui,
 )
 from vigil.collector.analyzer_runner import AnalyzerRunner, ResumingAnalyzer, StreamAnalyzer
+from vigil.collector.commits import GroupCommit
 from vigil.collector.context import CollectorContext, json_response
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
@@ -65,6 +66,7 @@ def create_app(
         metrics=metrics,
         clock=clock,
         world_sizes=WorldSizes(store.world_sizes),
+        commits=GroupCommit(store, grouped=settings.ingest_group_commit),
     )
     if analyzer is not None:
         if isinstance(analyzer, ResumingAnalyzer):

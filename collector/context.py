@@ -14,6 +14,7 @@ import msgspec
 from fastapi import Request, Response
 
 from vigil.collector.analyzer_runner import AnalyzerRunner
+from vigil.collector.commits import GroupCommit
 from vigil.collector.metrics import CollectorMetrics
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import Store
@@ -29,6 +30,7 @@ class CollectorContext:
     metrics: CollectorMetrics
     clock: Callable[[], float]
     world_sizes: WorldSizes
+    commits: GroupCommit
     runner: AnalyzerRunner | None = None
 
 

@@ -182,7 +182,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
             f"frame's {batch.batch_id!r}",
         )
     try:
-        result = ctx.store.ingest(batch, checked)
+        result = ctx.commits.ingest(batch, checked)
     except codec.DecodeError as exc:  # a record the store cannot hold; nothing was committed
         return _error(ctx, 422, "decode", str(exc))
     except (

@@ -84,6 +84,8 @@ class CollectorSettings(CommonSettings):
     # vigil_collector_analyzer_dropped_batches_total), so ingest never waits for it and its
     # queue's memory stays bounded (~200 bytes a record). Senders ship per rank: a 10,000-rank
     # job sends ~10,000 batches (~160,000 records) a second, which the analyzer takes merged.
+    # Concurrent ingest requests share a transaction (collector/commits.py); off: one each.
+    ingest_group_commit: bool = True
     analyzer_max_pending: int = Field(default=16_384, ge=1)
     analyzer_max_pending_records: int = Field(default=500_000, ge=1)
 

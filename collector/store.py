@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,58 @@ class Store:
             steps=written.steps,
         )
 
+    def ingest_many(
+        self, items: Sequence[tuple[schema.Batch, validate.Checked]]
+    ) -> list[IngestResult]:
+        """Store several decoded batches in one transaction, each exactly once (a batch id seen
+        before, or earlier in `items`, is a duplicate), their records written together. All
+        or nothing: a record the store refuses in any of them raises and nothing is stored
+        (`GroupCommit` then stores them one by one). Each batch's `checked` must come from
+        `validate.prepare_batch` and hold its step records in one form (`mergeable`)."""
+        if len(items) == 1:
+            return [self.ingest(*items[0])]
+        unmergeable = [b.batch_id for b, c in items if not mergeable(c)]
+        if unmergeable:
+            raise ValueError(f"batches {unmergeable} carry step records as records and a block")
+        received_s = self.clock()
+        with self.write() as conn:
+            fresh = [
+                dialects.insert_ignore(
+                    conn,
+                    tables.batches,
+                    {
+                        "batch_id": batch.batch_id,
+                        "received_s": received_s,
+                        "num_records": checked.count,
+                        "source": batch.source,
+                    },
+                )
+                for batch, checked in items
+            ]
+            kept = [item for item, new in zip(items, fresh, strict=True) if new]
+            written = None
+            if kept:
+                records = list(chain.from_iterable(batch.records for batch, _ in kept))
+                blocks = [c.block for _, c in kept if c.block is not None and len(c.block)]
+                union = validate.prepare_batch(records, columns.concat(blocks) if blocks else None)
+                written = writes.write_records(
+                    conn, records, received_s=received_s, checked=union, listed=self._listed_jobs
+                )
+        if written is not None:
+            if len(self._listed_jobs) > _MAX_LISTED_JOBS:
+                self._listed_jobs.clear()
+            self._listed_jobs.update(written.listed_jobs)
+        return [
+            IngestResult(
+                batch_id=batch.batch_id,
+                accepted=checked.count,
+                duplicate=not new,
+                counts=writes.counts(checked) if new else {},
+                steps=_step_columns(checked) if new else None,
+            )
+            for (batch, checked), new in zip(items, fresh, strict=True)
+        ]
+
     def world_sizes(self, job_ids: list[str]) -> dict[str, int]:
         """Declared world sizes of `job_ids` (jobs never declared are left out)."""
         with self.read() as conn:
@@ -173,6 +226,23 @@ class Store:
         return sum(
             os.path.getsize(p) for p in (path, f"{path}-wal", f"{path}-shm") if os.path.exists(p)
         )
+
+
+def mergeable(checked: validate.Checked) -> bool:
+    """Whether a prepared batch can be written together with others: its step records are
+    all records or all in its block (a batch with both keeps the block's rows among its
+    tuples only, which `ingest_many` does not rebuild)."""
+    return len(checked.rows.get(schema.StepRecord, ())) == len(
+        checked.groups.get(schema.StepRecord, ())
+    )
+
+
+def _step_columns(checked: validate.Checked) -> columns.StepColumns | None:
+    """A batch's step records as columns, as `ingest` returns them (None: it had none)."""
+    if checked.steps is not None:
+        return checked.steps
+    rows = checked.rows.get(schema.StepRecord)
+    return columns.from_rows(rows) if rows else None
 
 
 def _create_engine(config: StoreConfig) -> Engine:

@@ -76,10 +76,15 @@ def write_records(
             validate.verify_group(record_type, group, rows)
         _WRITERS[record_type](conn, group, received_s, rows)
     jobs = _placeholder_jobs(conn, checked, received_s, listed)
-    counts = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
+    return Written(counts=counts(checked), steps=steps, listed_jobs=jobs)
+
+
+def counts(checked: validate.Checked) -> dict[str, int]:
+    """How many records of each wire type (`step`, `sample`, ...) a batch holds."""
+    found = {_TAGS[t]: len(g) for t, g in checked.groups.items()}
     if schema.StepRecord in checked.groups:  # block rows have no record objects
-        counts[_TAGS[schema.StepRecord]] = checked.step_count
-    return Written(counts=counts, steps=steps, listed_jobs=jobs)
+        found[_TAGS[schema.StepRecord]] = checked.step_count
+    return found
 
 
 Rows = list[tuple[Any, ...]] | None

@@ -87,6 +87,9 @@ class EnvVar(enum.StrEnum):
     ANALYZER_MAX_PENDING = "VIGIL_ANALYZER_MAX_PENDING"
     # Records (step rows included) those queued batches may hold together, the same way.
     ANALYZER_MAX_PENDING_RECORDS = "VIGIL_ANALYZER_MAX_PENDING_RECORDS"
+    # "0" writes every ingested batch in its own transaction (default "1": concurrent batches
+    # share one, see collector/commits.py).
+    INGEST_GROUP_COMMIT = "VIGIL_INGEST_GROUP_COMMIT"
     # Seconds a request may take to send its headers before the collector closes it.
     HEADER_TIMEOUT_S = "VIGIL_HEADER_TIMEOUT_S"
     # Connections and in-flight requests the collector serves at once (then 503).
