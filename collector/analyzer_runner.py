@@ -77,14 +77,16 @@ MAX_MERGE_RECORDS = 100_000
 
 @dataclass(eq=False)
 class _Queued:
-    """One committed batch waiting for the analyzer: its size, and per job the (lowest,
-    highest) step number of its step records, which bound what may be merged with it."""
+    """One committed batch waiting for the analyzer: its size, its step records as columns
+    (`step_columns`: `steps`, or built from `records` once, for a merge), and per job the
+    (lowest, highest) step number of its step records, which bound what may be merged with it."""
 
     records: Sequence[schema.Record]
     steps: columns.StepColumns | None
     future: Future[None] = field(default_factory=Future)
     size: int = 0
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    step_columns: columns.StepColumns | None = None
 
     def __post_init__(self) -> None:
         self.size = len(self.records) + (0 if self.steps is None else len(self.steps))
@@ -92,6 +94,7 @@ class _Queued:
         if steps is None:
             found = [r for r in self.records if type(r) is schema.StepRecord]
             steps = columns.from_records(found) if found else None
+        self.step_columns = steps
         if steps is not None and len(steps):
             jobs = steps.jobs()
             for job in jobs:
@@ -265,7 +268,7 @@ class AnalyzerRunner:
             if len(taken) == 1:
                 records, steps = taken[0].records, taken[0].steps
             else:
-                records, steps = merge([(q.records, q.steps) for q in taken])
+                records, steps = merge([(q.records, q.step_columns) for q in taken])
             self._call(lambda: self.analyzer.observe(records, steps))
         finally:
             with self._lock:
