@@ -47,6 +47,11 @@ class _Pending:
     done: bool = False
 
 
+def _error(p: _Pending) -> BaseException:
+    assert p.error is not None, "a settled batch has a result or an error"
+    return p.error
+
+
 class GroupCommit:
     """Shares transactions among concurrent ingest requests (see the module docstring)."""
 
@@ -65,8 +70,36 @@ class GroupCommit:
             self.transactions += 1
             return self.store.ingest(batch, checked)
         mine = _Pending(batch, checked)
+        self._settle([mine])
+        if mine.error is not None:
+            raise mine.error
+        assert mine.result is not None
+        return mine.result
+
+    def ingest_all(
+        self, items: list[tuple[schema.Batch, validate.Checked]]
+    ) -> list[IngestResult | BaseException]:
+        """Store several batches (one request of a relay), each exactly once, sharing groups
+        as `ingest` does; per batch its result or what the store raised for it."""
+        if not self.grouped:
+            out: list[IngestResult | BaseException] = []
+            for batch, checked in items:
+                self.transactions += 1
+                try:
+                    out.append(self.store.ingest(batch, checked))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+        mine = [_Pending(batch, checked) for batch, checked in items]
+        self._settle(mine)
+        return [p.result if p.error is None and p.result is not None else _error(p) for p in mine]
+
+    def _settle(self, mine: list[_Pending]) -> None:
+        """Queue `mine`; write groups (or wait while another request does) until all are done."""
+        if not mine:
+            return
         with self._cond:
-            self._queue.append(mine)
+            self._queue.extend(mine)
         while True:
             if self._writing.acquire(blocking=False):
                 try:
@@ -76,14 +109,10 @@ class GroupCommit:
                     with self._cond:
                         self._cond.notify_all()
             with self._cond:
-                if not mine.done and self._writing.locked():
-                    self._cond.wait(0.05)  # a group is being written: it may hold this batch
-                if mine.done:
+                if not all(p.done for p in mine) and self._writing.locked():
+                    self._cond.wait(0.05)  # a group is being written: it may hold these batches
+                if all(p.done for p in mine):
                     break
-        if mine.error is not None:
-            raise mine.error
-        assert mine.result is not None
-        return mine.result
 
     def _take(self) -> list[_Pending]:
         """What is queued (in arrival order, within `MAX_GROUP_RECORDS`; at least one)."""

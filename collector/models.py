@@ -22,6 +22,21 @@ class IngestPublic(BaseModel):
     duplicate: bool
 
 
+class FrameResultPublic(BaseModel):
+    """One frame's answer: the status a lone POST of it would have had, and that POST's body
+    (batch_id, accepted, duplicate on 200; detail otherwise)."""
+
+    status: int
+    batch_id: str | None = None
+    accepted: int | None = None
+    duplicate: bool | None = None
+    detail: str | None = None
+
+
+class FramesPublic(BaseModel):
+    results: list[FrameResultPublic]
+
+
 class JobPublic(BaseModel):
     job_id: str
     name: str

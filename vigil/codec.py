@@ -180,6 +180,42 @@ def decode_frame(
     return batch, steps
 
 
+# A frames envelope (`encode_frames`): each frame behind its length, 4 bytes big-endian.
+_FRAME_LENGTH_BYTES = 4
+
+
+def encode_frames(frames: Sequence[bytes]) -> bytes:
+    """Several batch frames as one body (`api.INGEST_FRAMES_PATH`), each left as framed."""
+    parts: list[bytes] = []
+    for frame in frames:
+        parts += [len(frame).to_bytes(_FRAME_LENGTH_BYTES, "big"), frame]
+    return b"".join(parts)
+
+
+def split_frames(body: bytes, *, max_frames: int) -> list[bytes]:
+    """The frames of an `encode_frames` body (not decoded); DecodeError when it is cut short,
+    holds an empty frame or more than `max_frames` frames."""
+    frames: list[bytes] = []
+    view = memoryview(body)
+    at = 0
+    while at < len(view):
+        if len(frames) == max_frames:
+            raise DecodeError("Frames", "<frames>", f"more than the limit of {max_frames} frames")
+        head = view[at : at + _FRAME_LENGTH_BYTES]
+        if len(head) < _FRAME_LENGTH_BYTES:
+            raise DecodeError("Frames", f"[{len(frames)}]", "cut short inside a frame's length")
+        size = int.from_bytes(head, "big")
+        at += _FRAME_LENGTH_BYTES
+        if size == 0 or at + size > len(view):
+            problem = "is empty" if size == 0 else f"declares {size} bytes, {len(view) - at} remain"
+            raise DecodeError("Frames", f"[{len(frames)}]", problem)
+        frames.append(bytes(view[at : at + size]))
+        at += size
+    if not frames:
+        raise DecodeError("Frames", "<frames>", "holds no frame")
+    return frames
+
+
 def _array_length(raw: msgspec.Raw) -> int:
     """Elements of the msgpack array `raw` holds, from its header alone (0: not an array, which
     decoding it then reports)."""
