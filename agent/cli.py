@@ -42,6 +42,17 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-ttl", type=float, default=d.page_ttl_s, help="seconds")
     parser.add_argument("--no-nvml", action="store_true", help="sample the host only")
     parser.add_argument(
+        "--relay-port",
+        type=int,
+        default=None,
+        help="relay this node's ranks' batches to the collector, several per request: point "
+        "their VIGIL_COLLECTOR_URL at http://<relay host>:<port> (needs --collector)",
+    )
+    parser.add_argument("--relay-host", default=d.relay_host)
+    parser.add_argument(
+        "--relay-window", type=float, default=d.relay_window_s, help="seconds a frame may wait"
+    )
+    parser.add_argument(
         "--request", choices=["checkpoint", "dump_stacks"], help="send a control request and exit"
     )
     parser.add_argument("--job", help="the job a --request is for")
@@ -76,6 +87,12 @@ def _run(args: argparse.Namespace) -> int:
     if problem:  # --collector was checked by argparse; its environment fallback is checked here
         sys.stderr.write(f"vigil agent: {EnvVar.COLLECTOR_URL}={collector!r}: {problem}\n")
         return 2
+    if args.relay_port is not None and not collector:
+        sys.stderr.write(
+            f"vigil agent: --relay-port needs a collector to relay to (--collector or "
+            f"{EnvVar.COLLECTOR_URL})\n"
+        )
+        return 2
     cfg = config.AgentConfig(
         node=args.node or config.default_node(),
         progress_dir=args.progress_dir,
@@ -95,6 +112,9 @@ def _run(args: argparse.Namespace) -> int:
         startup_grace_s=args.startup_grace,
         use_nvml=not args.no_nvml,
         page_ttl_s=args.page_ttl,
+        relay_port=args.relay_port,
+        relay_host=args.relay_host,
+        relay_window_s=args.relay_window,
     )
     agent = daemon.Agent(cfg)
     stop = threading.Event()
@@ -106,6 +126,11 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     port = agent.start()
     sys.stdout.write(f"vigil agent: metrics on http://{cfg.metrics_host}:{port}/metrics\n")
+    if agent.relay_port is not None:
+        sys.stdout.write(
+            f"vigil agent: relaying batches to {collector}; ranks on this node ship to "
+            f"{EnvVar.COLLECTOR_URL}=http://{cfg.relay_host}:{agent.relay_port}\n"
+        )
     sys.stdout.flush()
     try:
         agent.run(stop)

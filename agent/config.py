@@ -172,6 +172,11 @@ class AgentConfig:
     # then deleted from /dev/shm so a node running many jobs does not fill its RAM disk; a run's
     # folder goes once its processes are gone, its spools replayed and this long has passed.
     page_ttl_s: float = 600.0
+    # The relay (`relay.py`): with a port (0: any free one) and a collector, this node's SDKs
+    # may ship through the agent, which forwards their frames several per request.
+    relay_port: int | None = None
+    relay_host: str = "127.0.0.1"
+    relay_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         _paths(self, "output_dir", "progress_dir", "spool_dir")
@@ -187,6 +192,10 @@ class AgentConfig:
         _require(self.min_hang_s > 0, "min_hang_s must be > 0")
         _require(self.startup_grace_s > 0, "startup_grace_s must be > 0")
         _require(self.stack_timeout_s > 0, "stack_timeout_s must be > 0")
+        _require(self.relay_window_s > 0, "relay_window_s must be > 0")
+        if self.relay_port is not None:
+            _require(0 <= self.relay_port <= 65535, "relay_port must be 0..65535")
+            _require(self.collector is not None, "the relay needs a collector to relay to")
         if self.collector is not None:
             _require(
                 self.collector.startswith(("http://", "https://")),

@@ -1,11 +1,12 @@
 """The control path across nodes, end to end with real processes: a collector, a `vigil agent`
-on each of two (simulated) nodes and one SDK rank per node. A checkpoint request posted through
-the collector's API (`CollectorControl`, as the Kubernetes controller posts it) reaches each
-rank through its node's agent and progress page, runs the rank's `vigil.agent.on_control`
-callback, and the acknowledgements come back through the API, then rank 0's commit report
-(`vigil.agent.checkpoint_committed`, shipped as a Checkpoint record); a rank that acknowledges
-without a commit is reported as exactly that; a stack dump request brings each rank's own dump
-back with its acknowledgement."""
+on each of two (simulated) nodes and one SDK rank per node (the first node's rank ships through
+its agent's relay, `--relay-port`, the second's straight to the collector). A checkpoint request
+posted through the collector's API (`CollectorControl`, as the Kubernetes controller posts it)
+reaches each rank through its node's agent and progress page, runs the rank's
+`vigil.agent.on_control` callback, and the acknowledgements come back through the API, then rank
+0's commit report (`vigil.agent.checkpoint_committed`, shipped as a Checkpoint record, through
+the relay); a rank that acknowledges without a commit is reported as exactly that; a stack dump
+request brings each rank's own dump back with its acknowledgement."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         for i, node in enumerate(NODES):
             pages, out = tmp_path / node / "pages", tmp_path / node / "out"
             out.mkdir(parents=True)
+            # The first node's rank ships through its agent's relay, the second's straight.
+            relay_port = free_port()
+            relay = ("--relay-port", str(relay_port)) if i == 0 else ()
+            ships_to = f"http://127.0.0.1:{relay_port}" if i == 0 else url
             procs.append(
                 processes.start(
                     [
@@ -90,6 +95,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                         "--sample-interval",
                         "5",
                         "--no-nvml",
+                        *relay,
                     ],
                     tmp_path / f"agent-{node}.log",
                 )
@@ -101,7 +107,7 @@ def scene(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                         str(HERE / "control_job.py"),
                         str(i),
                         str(len(NODES)),
-                        url,
+                        ships_to,
                         str(pages),
                         str(out),
                     ],

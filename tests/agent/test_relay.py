@@ -1,0 +1,207 @@
+"""The node agent's relay between the SDK's own sender and a real `vigil collector`: frames of
+concurrent senders go several per request, each sender gets its own frame's answer (a bad
+frame is refused alone, a retry is a duplicate), a collector away is a 502 the sender retries,
+and a collector without the frames path gets each frame alone."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.agent.conftest import free_port, poll_until
+from tests.agent.receiver import Receiver
+from tests.collector import records as rec
+from tests.support import processes
+from vigil import codec, sender
+from vigil.agent import relay as relay_mod
+
+pytestmark = pytest.mark.integration
+Outcome = sender.Outcome
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("relay-collector")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = processes.start(
+        [
+            sys.executable,
+            *("-m", "vigil", "collector", "--host", "127.0.0.1", "--port", str(port)),
+            *("--store", f"sqlite:///{tmp / 'collector.sqlite3'}", "--no-analyzer"),
+        ],
+        tmp / "collector.log",
+        {"VIGIL_DATA_DIR": str(tmp / "data")},
+    )
+    try:
+        poll_until(lambda: _healthy(url) or None, timeout_s=60, what="the collector")
+        yield url
+    finally:
+        processes.stop(proc)
+
+
+class _Node:
+    """A relay serving on loopback, as `vigil agent --relay-port` runs it."""
+
+    def __init__(self, upstream: str, **kwargs: float) -> None:
+        self.relay = relay_mod.Relay(upstream, **kwargs)  # type: ignore[arg-type]
+        self.server = relay_mod.serve(self.relay, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.relay.close()
+        self.server.server_close()
+
+
+@pytest.fixture
+def node(collector: str) -> Iterator[_Node]:
+    n = _Node(collector, window_s=0.5)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def _send_all(url: str, frames: list[tuple[str, bytes]]) -> list[sender.Result]:
+    """Each frame from its own sender (a rank), all at once; their results in order."""
+    results: list[sender.Result | None] = [None] * len(frames)
+    senders = [sender.Sender(sender.SenderConfig(collector_url=url)) for _ in frames]
+
+    def one(i: int) -> None:
+        batch_id, frame = frames[i]
+        results[i] = senders[i].send(batch_id, 1, frame)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(frames))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for s in senders:
+        s.close()
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+def _stored_steps(url: str, job: str) -> list[tuple[int, int]]:
+    rows = httpx.get(
+        f"{url}/api/v1/jobs/{job}/steps", params={"step_start": 0, "step_end": 999}, timeout=10
+    ).json()
+    return sorted((r["rank"], r["step"]) for r in rows)
+
+
+def test_ranks_frames_go_together_and_each_sender_gets_its_own_answer(
+    collector: str, node: _Node
+) -> None:
+    job = "relay-a"
+    everyone = rec.steps(8, 4, job=job)
+    frames = [
+        (f"ra-{r}", codec.encode_batch([s for s in everyone if s.rank == r], batch_id=f"ra-{r}"))
+        for r in range(8)
+    ]
+    bad = ("ra-bad", codec.encode_batch([rec.sample("n", 1.0, float("nan"))], batch_id="ra-bad"))
+    results = _send_all(node.url, [*frames, bad])
+    assert [r.outcome for r in results] == [Outcome.COMMITTED] * 8 + [Outcome.REJECTED]
+    assert "Sample.value: must be a finite number" in results[-1].detail
+    assert _stored_steps(collector, job) == [(r, s) for r in range(8) for s in range(4)]
+    # Nine frames, far fewer requests to the collector.
+    assert node.relay.stats.frames == 9
+    assert node.relay.stats.requests <= 3, node.relay.stats
+    # A retried frame is answered as committed (a duplicate) and stored once.
+    again = _send_all(node.url, frames[:2])
+    assert [r.outcome for r in again] == [Outcome.COMMITTED] * 2
+    assert len(_stored_steps(collector, job)) == 32
+
+
+def test_a_collector_away_is_a_retry_for_the_sender() -> None:
+    away = f"http://127.0.0.1:{free_port()}"
+    n = _Node(away, window_s=0.1, timeout_s=1.0)
+    try:
+        frame = codec.encode_batch(rec.steps(1, 1), batch_id="away-1")
+        (result,) = _send_all(n.url, [("away-1", frame)])
+        # A 502 each try: the sender spools it and retries later (an outage is never poison).
+        assert result.outcome is Outcome.REFUSED and result.refusals == 3
+        assert "HTTP 502" in result.detail and "unreachable" in result.detail
+    finally:
+        n.close()
+
+
+def test_a_collector_without_the_frames_path_gets_each_frame_alone() -> None:
+    old = Receiver(token="tok")  # answers 404 on every path but the lone ingest path
+    n = _Node(old.url, window_s=0.5)
+    try:
+        frames = [
+            (f"o-{i}", codec.encode_batch(rec.steps(1, 2), batch_id=f"o-{i}")) for i in range(4)
+        ]
+        senders = [
+            sender.Sender(sender.SenderConfig(collector_url=n.url, token="tok")) for _ in frames
+        ]
+        results: list[sender.Result] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            got = senders[i].send(frames[i][0], 2, frames[i][1])
+            with lock:
+                results.append(got)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert [r.outcome for r in results] == [Outcome.COMMITTED] * 4
+        assert sorted(old.batch_ids) == [f"o-{i}" for i in range(4)]
+        # Each sender's own token travelled with its frame: a wrong one is refused.
+        (wrong,) = _send_all_with_token(n.url, "nope", "o-x")
+        assert wrong.outcome is Outcome.UNAVAILABLE and "HTTP 401" in wrong.detail
+        for s in senders:
+            s.close()
+    finally:
+        n.close()
+        old.stop()
+
+
+def _send_all_with_token(url: str, token: str, batch_id: str) -> list[sender.Result]:
+    s = sender.Sender(sender.SenderConfig(collector_url=url, token=token))
+    try:
+        return [s.send(batch_id, 1, codec.encode_batch(rec.steps(1, 1), batch_id=batch_id))]
+    finally:
+        s.close()
+
+
+def test_bad_requests_to_the_relay_get_a_clear_answer(node: _Node) -> None:
+    r = httpx.post(node.url + "/api/v1/jobs", content=b"x", timeout=10)
+    assert r.status_code == 404 and "/api/v1/ingest" in r.json()["detail"]
+    r = httpx.post(
+        node.url + "/api/v1/ingest",
+        content=b"x",
+        headers={"content-type": "text/plain"},
+        timeout=10,
+    )
+    assert r.status_code == 415
+    r = httpx.post(
+        node.url + "/api/v1/ingest",
+        content=b"GIF89a",
+        headers={"content-type": "application/x-vigil-batch"},
+        timeout=10,
+    )
+    assert r.status_code == 422 and "not a vigil batch" in r.json()["detail"]
+
+
+def test_relay_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="window_s"):
+        relay_mod.Relay("http://127.0.0.1:1", window_s=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        relay_mod.Relay("http://127.0.0.1:1", max_bytes=relay_mod.MAX_BODY_BYTES + 1)
