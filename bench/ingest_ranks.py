@@ -43,6 +43,7 @@ from tests.support import pgcluster
 from tests.support import simulator as sim
 
 STEPS_PER_BATCH = 4
+RANKS_PER_NODE = 8
 
 
 def rank_frames(ranks: int, windows: int) -> tuple[bytes, list[bytes]]:
@@ -63,20 +64,37 @@ def rank_frames(ranks: int, windows: int) -> tuple[bytes, list[bytes]]:
     return head, frames
 
 
-class Senders:
-    """`n` keep-alive clients posting frames concurrently; `post_all` returns when all are in."""
+def node_envelopes(frames: list[bytes], ranks: int) -> list[bytes]:
+    """Each node's frames of each flush as one envelope, as its agent's relay sends them
+    (`frames` in flush order, ranks in order within one; `RANKS_PER_NODE` ranks a node)."""
+    per = min(RANKS_PER_NODE, ranks)
+    return [codec.encode_frames(frames[i : i + per]) for i in range(0, len(frames), per)]
 
-    def __init__(self, base: str, n: int) -> None:
+
+class Senders:
+    """`n` keep-alive clients posting frames concurrently; `post_all` returns when all are in.
+    With `envelopes`, each body is a relay's envelope (every frame in it must be committed)."""
+
+    def __init__(self, base: str, n: int, *, envelopes: bool = False) -> None:
         self.pool = ThreadPoolExecutor(max_workers=n)
         self.local = threading.local()
         self.base = base
+        self.envelopes = envelopes
 
     def _post(self, frame: bytes) -> None:
         client = getattr(self.local, "client", None)
         if client is None:
             client = self.local.client = httpx.Client(base_url=self.base, timeout=120)
-        headers = {"content-type": api.BATCH_MEDIA_TYPE}
-        client.post(api.INGEST_PATH, content=frame, headers=headers).raise_for_status()
+        if not self.envelopes:
+            headers = {"content-type": api.BATCH_MEDIA_TYPE}
+            client.post(api.INGEST_PATH, content=frame, headers=headers).raise_for_status()
+            return
+        headers = {"content-type": api.FRAMES_MEDIA_TYPE}
+        response = client.post(api.INGEST_FRAMES_PATH, content=frame, headers=headers)
+        response.raise_for_status()
+        statuses = {r["status"] for r in response.json()["results"]}
+        if statuses != {200}:
+            raise RuntimeError(f"the collector refused relayed frames: {statuses}")
 
     def post_all(self, frames: list[bytes]) -> float:
         """Seconds until every frame was acknowledged."""
@@ -90,29 +108,43 @@ class Senders:
 
 
 def one_round(
-    urls: tuple[str, str], tmp: Path, frames: list[bytes], head: bytes, args: argparse.Namespace
-) -> tuple[float, float]:
-    """Batches a second (group commit, one transaction each) over the same frames."""
+    urls: tuple[str, str, str],
+    tmp: Path,
+    frames: list[bytes],
+    head: bytes,
+    args: argparse.Namespace,
+) -> tuple[float, float, float]:
+    """Batches a second (group commit, one transaction each, relayed by nodes) over the same
+    frames; the arms take turns chunk by chunk, in a rotating order."""
     cores = (0, 1) if (os.cpu_count() or 1) > 1 else (0, 0)
     one_each = {"VIGIL_INGEST_GROUP_COMMIT": "0"}
+    per = min(RANKS_PER_NODE, args.ranks)
+    nodes = -(-args.ranks // per)
     with (
         collector(urls[0], tmp, cores[0]) as grouped,
         collector(urls[1], tmp, cores[0], env=one_each) as alone,
+        collector(urls[2], tmp, cores[0]) as relayed,
     ):
         os.sched_setaffinity(0, {cores[1]})
-        arms = [Senders(grouped, args.senders), Senders(alone, args.senders)]
+        arms = [
+            Senders(grouped, args.senders),
+            Senders(alone, args.senders),
+            Senders(relayed, nodes, envelopes=True),
+        ]
         try:
             for arm in arms:
-                arm.post_all([head])
-            spent = [0.0, 0.0]
-            for k, first in enumerate(range(0, len(frames), args.chunk)):
-                chunk = frames[first : first + args.chunk]
-                for i in (0, 1) if k % 2 == 0 else (1, 0):
-                    spent[i] += arms[i].post_all(chunk)
+                arm.post_all([head] if not arm.envelopes else [codec.encode_frames([head])])
+            spent = [0.0, 0.0, 0.0]
+            chunk = args.chunk - args.chunk % per or per  # whole flushes of whole nodes
+            for k, first in enumerate(range(0, len(frames), chunk)):
+                part = frames[first : first + chunk]
+                bodies = [part, part, node_envelopes(part, args.ranks)]
+                for i in (k % 3, (k + 1) % 3, (k + 2) % 3):
+                    spent[i] += arms[i].post_all(bodies[i])
         finally:
             for arm in arms:
                 arm.close()
-    return len(frames) / spent[0], len(frames) / spent[1]
+    return len(frames) / spent[0], len(frames) / spent[1], len(frames) / spent[2]
 
 
 def main() -> None:
@@ -136,35 +168,49 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
             for store in ("sqlite", "postgres"):
-                grouped, alone = [], []
+                grouped, alone, relayed = [], [], []
                 for r in range(args.rounds):
                     urls = tuple(
                         f"sqlite:///{tmp}/{store}-{r}-{arm}.sqlite3"
                         if store == "sqlite"
                         else pg.new_database()
-                        for arm in ("grouped", "alone")
+                        for arm in ("grouped", "alone", "relayed")
                     )
-                    g, a = one_round(urls, Path(tmp), frames, head, args)  # type: ignore[arg-type]
+                    g, a, n = one_round(urls, Path(tmp), frames, head, args)  # type: ignore[arg-type]
                     grouped.append(g)
                     alone.append(a)
+                    relayed.append(n)
                     print(f"  {store} round {r}: group commit {g:,.0f} batches/s, one "
-                          f"transaction each {a:,.0f} batches/s ({g / a:.2f}x)")  # fmt: skip
-                g_med, g_lo, g_hi = median_spread(grouped)
-                a_med, a_lo, a_hi = median_spread(alone)
-                ratios = [g / a for g, a in zip(grouped, alone, strict=True)]
-                x_med, x_lo, x_hi = median_spread(ratios)
-                print(f"{store}: group commit {g_med:,.0f} batches/s ({g_lo:,.0f}-{g_hi:,.0f}), "
-                      f"one each {a_med:,.0f} ({a_lo:,.0f}-{a_hi:,.0f}), {x_med:.2f}x "
-                      f"({x_lo:.2f}-{x_hi:.2f})")  # fmt: skip
-                figures[f"{store}_batches_per_s"] = round(g_med)
-                figures[f"{store}_batches_per_s_spread"] = [round(g_lo), round(g_hi)]
-                figures[f"{store}_batches_per_s_one_each"] = round(a_med)
-                figures[f"{store}_batches_per_s_one_each_spread"] = [round(a_lo), round(a_hi)]
-                figures[f"{store}_group_commit_speedup"] = round(x_med, 2)
-                figures[f"{store}_group_commit_speedup_spread"] = [round(x_lo, 2), round(x_hi, 2)]
+                          f"transaction each {a:,.0f} ({g / a:.2f}x), relayed by nodes "
+                          f"{n:,.0f} ({n / g:.2f}x group commit)")  # fmt: skip
+                arms = {"": grouped, "_one_each": alone, "_relayed": relayed}
+                for suffix, values in arms.items():
+                    med, lo, hi = median_spread(values)
+                    figures[f"{store}_batches_per_s{suffix}"] = round(med)
+                    figures[f"{store}_batches_per_s{suffix}_spread"] = [round(lo), round(hi)]
+                for key, (num, den) in {
+                    "group_commit_speedup": (grouped, alone),
+                    "relay_speedup": (relayed, grouped),
+                }.items():
+                    x_med, x_lo, x_hi = median_spread(
+                        [a / b for a, b in zip(num, den, strict=True)]
+                    )
+                    figures[f"{store}_{key}"] = round(x_med, 2)
+                    figures[f"{store}_{key}_spread"] = [round(x_lo, 2), round(x_hi, 2)]
+                print(
+                    f"{store}: group commit {figures[f'{store}_batches_per_s']:,} batches/s, one "
+                    f"each {figures[f'{store}_batches_per_s_one_each']:,}, relayed "
+                    f"{figures[f'{store}_batches_per_s_relayed']:,}; group commit "
+                    f"{figures[f'{store}_group_commit_speedup']}x "
+                    f"{figures[f'{store}_group_commit_speedup_spread']}, relay "
+                    f"{figures[f'{store}_relay_speedup']}x "
+                    f"{figures[f'{store}_relay_speedup_spread']}"
+                )
     finally:
         pg.stop()
-    figures.update(senders=args.senders, ranks=args.ranks, rounds=args.rounds)
+    figures.update(
+        senders=args.senders, ranks=args.ranks, ranks_per_node=RANKS_PER_NODE, rounds=args.rounds
+    )
     print(json.dumps(figures))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,41 @@ def test_ranks_frames_go_together_and_each_sender_gets_its_own_answer(
     again = _send_all(node.url, frames[:2])
     assert [r.outcome for r in again] == [Outcome.COMMITTED] * 2
     assert len(_stored_steps(collector, job)) == 32
+
+
+def test_ranks_flushing_on_their_own_clocks_fall_into_step(collector: str) -> None:
+    """Eight ranks flushing every 0.3 s from scattered phases, as SDK flushers do (wait, then
+    send): the first window gathers whoever comes within it, and ranks answered together flush
+    together after it, so later windows hold every rank."""
+    n = _Node(collector, window_s=0.4)
+    rounds, ranks = 6, 8
+    everyone = rec.steps(ranks, rounds, job="relay-clock")
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def rank(r: int) -> None:
+        s = sender.Sender(sender.SenderConfig(collector_url=n.url))
+        time.sleep(0.3 * r / ranks)  # scattered phases
+        for k in range(rounds):
+            time.sleep(0.3)
+            mine = [x for x in everyone if x.rank == r and x.step == k]
+            got = s.send(f"c-{r}-{k}", 1, codec.encode_batch(mine, batch_id=f"c-{r}-{k}"))
+            with lock:
+                outcomes.append(got.outcome)
+        s.close()
+
+    try:
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert outcomes == [Outcome.COMMITTED] * rounds * ranks
+        assert len(_stored_steps(collector, "relay-clock")) == rounds * ranks
+        # One request per flush once in step (the first window may take two).
+        assert n.relay.stats.requests <= rounds + 2, n.relay.stats
+    finally:
+        n.close()
 
 
 def test_a_collector_away_is_a_retry_for_the_sender() -> None:

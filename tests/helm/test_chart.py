@@ -114,6 +114,7 @@ BAD_VALUES = [
     ({"agent": {"progressDir": "/tmp/vigil"}}, "/agent/progressDir"),
     ({"image": {"digest": "latest"}}, "/image/digest"),
     ({"collector": {"port": 70000}}, "/collector/port"),
+    ({"agent": {"relay": {"port": 0}}}, "/agent/relay/port"),
     ({"monitoring": {"serviceMonitor": {"interval": "often"}}}, "/monitoring/serviceMonitor"),
 ]
 
@@ -344,6 +345,29 @@ def test_host_pid_and_ptrace_only_when_stack_dumps_are_asked_for() -> None:
     assert {"agent-only", "controller-act"} == {
         n for n in VALUE_SET_NAMES if pod_spec(one(n, "DaemonSet")).get("hostPID")
     }
+
+
+def test_the_relay_listens_on_a_host_port_only_when_asked_for() -> None:
+    for name in VALUE_SET_NAMES:
+        asked = chart.VALUE_SETS[name].get("agent", {}).get("relay", {}).get("enabled", False)
+        if not chart.VALUE_SETS[name].get("agent", {}).get("enabled", True):
+            continue
+        agent = pod_spec(one(name, "DaemonSet"))["containers"][0]
+        ports = {p["name"]: p for p in agent["ports"]}
+        args = _agent_parser().parse_args(agent["args"][1:])
+        if asked:
+            assert args.relay_port == 9465 and args.relay_host == "0.0.0.0"
+            assert ports["relay"] == {
+                "name": "relay", "containerPort": 9465, "hostPort": 9465, "protocol": "TCP"
+            }  # fmt: skip
+        else:
+            assert args.relay_port is None and "relay" not in ports
+        assert all("hostPort" not in p for n, p in ports.items() if n != "relay")
+    assert [n for n in VALUE_SET_NAMES if "relay" in str(one(n, "DaemonSet"))] == [
+        "postgres-external"
+    ]
+    with pytest.raises(Exception, match="agent.relay.enabled needs collector.enabled"):
+        chart.render({"collector": {"enabled": False}, "agent": {"relay": {"enabled": True}}})
 
 
 def test_dashboard_configmaps_hold_exactly_the_committed_dashboards() -> None:
