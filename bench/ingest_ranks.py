@@ -1,21 +1,26 @@
-"""Per-rank batches into one collector, with group commit beside one transaction per batch.
+"""Per-rank batches into one collector: group commit beside one transaction per batch, and
+batches relayed by nodes beside both.
 
 Every rank's SDK ships its own batch each flush (1 s): a job of R ranks sends a collector R
 small batches a second. Here a simulated job's ranks (`--ranks`, 0.25 s steps: a batch holds 4
 step records as the columnar block, their 8 collective aggregates and a heartbeat, framed as the
-SDK frames them) are posted by `--senders` concurrent keep-alive clients on one core to a real
-`vigil collector` (uvicorn, its streaming analyzer on) pinned to the other, on SQLite and on
-PostgreSQL. Each round starts two collectors on fresh stores, one with group commit (the
-default) and one with `VIGIL_INGEST_GROUP_COMMIT=0` (each batch in its own transaction, as before
-group commit), and alternates between them chunk by chunk (`--chunk` batches), so both meet the
-same load on this shared machine; a chunk ends when every batch of it was acknowledged. The
-figures are the medians over `--rounds` rounds with their spread (min-max); the speedup is the
-median of each round's own ratio.
+SDK frames them) are posted by `--senders` concurrent keep-alive clients on one core to real
+`vigil collector`s (uvicorn, streaming analyzer on) pinned to the other, on SQLite and on
+PostgreSQL. Each round starts three collectors on fresh stores: one with group commit (the
+default), one with `VIGIL_INGEST_GROUP_COMMIT=0` (each batch in its own transaction, as before
+group commit), and one that receives the same frames as a node agent's relay sends them: each
+node's (`RANKS_PER_NODE` = 8 ranks) frames of one flush in one envelope to
+`/api/v1/ingest/frames`, from one client per node. This arm measures the collector's side of the
+relay; the relay's own hop costs the nodes' agents, not the collector (tests/agent/test_relay.py
+shows real relays gathering a node's flush into one request). The arms take turns chunk by chunk
+(`--chunk` batches, in a rotating order), so all meet the same load on this shared machine; a
+chunk ends when every batch of it was acknowledged. The figures are the medians over `--rounds`
+rounds with their spread (min-max); each speedup is the median of each round's own ratio.
 
 The last line is one JSON object: {"sqlite_batches_per_s", "sqlite_batches_per_s_one_each",
-"sqlite_group_commit_speedup", "postgres_batches_per_s", "postgres_batches_per_s_one_each",
-"postgres_group_commit_speedup", each with its "_spread" ([min, max]), "senders", "ranks",
-"rounds"}.
+"sqlite_batches_per_s_relayed", "sqlite_group_commit_speedup" (group commit / one each),
+"sqlite_relay_speedup" (relayed / group commit), the same five for "postgres_", each with its
+"_spread" ([min, max]), "senders", "ranks", "ranks_per_node", "rounds"}.
 """
 
 from __future__ import annotations

@@ -366,7 +366,9 @@ def test_the_relay_listens_on_a_host_port_only_when_asked_for() -> None:
     assert [n for n in VALUE_SET_NAMES if "relay" in str(one(n, "DaemonSet"))] == [
         "postgres-external"
     ]
-    with pytest.raises(Exception, match="agent.relay.enabled needs collector.enabled"):
+    with pytest.raises(
+        helm.HelmRenderError, match=r"agent\.relay\.enabled needs collector\.enabled"
+    ):
         chart.render({"collector": {"enabled": False}, "agent": {"relay": {"enabled": True}}})
 
 
