@@ -415,6 +415,8 @@ class Agent:
             hangs_detected=self.hangs_detected,
             quarantined_batches=stats.quarantined_batches,
             replayed_spools=self.orphans.replayed_spools if self.orphans else 0,
+            relayed_frames=self.relay.stats.frames if self.relay else 0,
+            relay_requests=self.relay.stats.requests if self.relay else 0,
         )
 
 

@@ -4,7 +4,8 @@ Per rank (labels job_id, rank, node): last step time, MFU, exposed communication
 collective time, last step, its tokens, seconds since progress, hang suspicion, SDK errors, drops
 and quarantined batches. Per GPU / host: the sampler's readings (GPU ones labelled with the job,
 rank and pod using the device). The agent's own health: queue depth, dropped records, ship
-errors, spool bytes, hangs detected, quarantined batches, replayed spools of exited ranks.
+errors, spool bytes, hangs detected, quarantined batches, replayed spools of exited ranks, and
+the relay's batches and its requests to the collector.
 Names come from `vigil.metric_names`; docs/metrics.md lists each with its labels and series per
 rank (a fixed number: nothing here is labelled by step, group or op, so a rank costs the same
 series however long it trains). Reads an `AgentView` snapshot; never touches pages itself.
@@ -48,6 +49,8 @@ class AgentView:
     hangs_detected: int = 0
     quarantined_batches: int = 0
     replayed_spools: int = 0
+    relayed_frames: int = 0
+    relay_requests: int = 0
 
 
 def _gauge(name: str, unit: Unit, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -206,6 +209,16 @@ class AgentCollector(Collector):
                 "replayed_spools",
                 "Spools of exited ranks the agent replayed to the collector.",
                 view.replayed_spools,
+            ),
+            (
+                "relayed_frames",
+                "Batches of this node's ranks the relay answered.",
+                view.relayed_frames,
+            ),
+            (
+                "relay_requests",
+                "Requests the relay made to the collector for them.",
+                view.relay_requests,
             ),
         ):
             counter = _counter("agent", name, doc, [])

@@ -15,7 +15,7 @@ from vigil.agent import exporter
 
 ROOT = Path(__file__).resolve().parents[2]
 RANKS, PER_NODE = 10_000, 8
-SDK_PER_RANK, GPU_PER_RANK, PER_NODE_SERIES = 11, 12, 13
+SDK_PER_RANK, GPU_PER_RANK, PER_NODE_SERIES = 11, 12, 15
 
 
 def _count(views: list[synthetic.ViewFn]) -> dict[str, int]:
