@@ -38,6 +38,7 @@ def launch(
     *,
     nproc: int = 4,
     collector: str | None = None,
+    rank_collector: dict[int, str] | None = None,
     timeout_s: float = 600.0,
     progress_dir: Path | None = None,
     env: dict[str, str] | None = None,
@@ -47,7 +48,8 @@ def launch(
     device: str = "cpu",
 ) -> Launch:
     """`rank_env` / `rank_prefix`: per-rank extra environment and a command prefix (e.g.
-    `ip netns exec NS` for a rank behind a slow link); `device`: train.py's `--device`."""
+    `ip netns exec NS` for a rank behind a slow link); `rank_collector`: per-rank collector URL
+    in place of `collector` (e.g. its node agent's relay); `device`: train.py's `--device`."""
     out.mkdir(parents=True, exist_ok=True)
     logs = out / f"launch-{wrapper}-{time.monotonic_ns()}"
     logs.mkdir()
@@ -71,8 +73,9 @@ def launch(
         cmd = [*(rank_prefix or {}).get(rank, [])]
         cmd += [sys.executable, str(TRAIN), "--wrapper", wrapper, "--cases", str(spec)]
         cmd += ["--out", str(out)]
-        if collector:
-            cmd += ["--collector", collector]
+        ships_to = (rank_collector or {}).get(rank, collector)
+        if ships_to:
+            cmd += ["--collector", ships_to]
         if progress_dir is not None:
             cmd += ["--progress-dir", str(progress_dir)]
         if device != "cpu":
