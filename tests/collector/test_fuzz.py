@@ -93,6 +93,48 @@ def test_mangled_frames_get_a_4xx_naming_the_problem(fuzz_client: TestClient, bo
     _assert_answered(status, answer)
 
 
+_FRAMES_DETAIL = re.compile(r"^Frames\.(<frames>|\[\d+\]): .+|^Batch\.<frame>: .+", re.DOTALL)
+
+
+@FUZZ
+@given(
+    st.one_of(
+        st.binary(max_size=512),
+        # Envelopes of mangled frames beside good ones, and cut envelopes.
+        st.lists(
+            st.one_of(
+                st.just(GOOD_FRAME),
+                st.binary(min_size=1, max_size=128),
+                st.integers(1, len(GOOD_FRAME)).map(lambda n: GOOD_FRAME[:n]),
+            ),
+            min_size=1,
+            max_size=6,
+        ).map(codec.encode_frames),
+        st.tuples(st.lists(st.just(GOOD_FRAME), min_size=1, max_size=3), st.integers(0, 64)).map(
+            lambda p: codec.encode_frames(p[0])[: -p[1] or None]
+        ),
+    )
+)
+def test_mangled_envelopes_get_an_answer_per_frame_or_a_4xx(
+    fuzz_client: TestClient, body: bytes
+) -> None:
+    r = fuzz_client.post(
+        api.INGEST_FRAMES_PATH, content=body, headers={"content-type": api.FRAMES_MEDIA_TYPE}
+    )
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        assert _FRAMES_DETAIL.match(r.json()["detail"]), r.text
+        return
+    frames = codec.split_frames(body, max_frames=4096)
+    results = r.json()["results"]
+    assert len(results) == len(frames)
+    for frame, result in zip(frames, results, strict=True):
+        if frame == GOOD_FRAME:
+            assert result["status"] == 200, result
+        else:
+            _assert_answered(result["status"], result)
+
+
 # The collector's documented bounds beyond the wire schema (the ingest route's docstring): ranks
 # below the job's world size (at most VIGIL_MAX_WORLD_SIZE, 131,072 by default), step numbers
 # below 2**53, no NUL characters (PostgreSQL text cannot hold them).
@@ -268,7 +310,7 @@ SCHEMA_APP = create_app(
 openapi = schemathesis.openapi.from_asgi("/openapi.json", SCHEMA_APP)
 # Batch frames are opaque bytes to a generator: send them the way octet streams are sent.
 schemathesis.serializer.alias(
-    [api.BATCH_MEDIA_TYPE, "application/gzip"], "application/octet-stream"
+    [api.BATCH_MEDIA_TYPE, api.FRAMES_MEDIA_TYPE, "application/gzip"], "application/octet-stream"
 )
 
 
