@@ -105,6 +105,12 @@ def _refused(
     return _refuse(ctx, 422, "store", detail)
 
 
+def _binary_body(media_type: str) -> dict[str, object]:
+    """The OpenAPI request body of a route that takes opaque bytes of `media_type`."""
+    content = {media_type: {"schema": {"type": "string", "format": "binary"}}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def router(ctx: CollectorContext) -> APIRouter:
     check = auth.require(auth.Scope.INGEST, ctx.settings)
     routes = APIRouter(tags=["ingest"])
@@ -138,14 +144,7 @@ def router(ctx: CollectorContext) -> APIRouter:
         api.INGEST_PATH,
         response_model=IngestPublic,
         responses=errors,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    api.BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}
-                },
-            }
-        },
+        openapi_extra=_binary_body(api.BATCH_MEDIA_TYPE),
     )
     async def ingest(request: Request) -> Response:
         """Store one batch framed by `vigil.codec.encode_batch`, exactly once.
@@ -167,14 +166,7 @@ def router(ctx: CollectorContext) -> APIRouter:
         api.INGEST_FRAMES_PATH,
         response_model=FramesPublic,
         responses=errors,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    api.FRAMES_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}
-                },
-            }
-        },
+        openapi_extra=_binary_body(api.FRAMES_MEDIA_TYPE),
     )
     async def ingest_frames(request: Request) -> Response:
         """Store several batches at once (`vigil.codec.encode_frames`: a node agent relaying
