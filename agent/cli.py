@@ -93,29 +93,33 @@ def _run(args: argparse.Namespace) -> int:
             f"{EnvVar.COLLECTOR_URL})\n"
         )
         return 2
-    cfg = config.AgentConfig(
-        node=args.node or config.default_node(),
-        progress_dir=args.progress_dir,
-        output_dir=args.output_dir or (Path(env_out) if env_out else None),
-        collector=collector,
-        token=os.environ.get(EnvVar.TOKEN),
-        spool_dir=args.spool_dir,
-        spool_max_bytes=args.spool_max_bytes,
-        # What `vigil diag` runs on this node left unsent (it spools under the data dir).
-        replay_dirs=(spool.diag_dir(settings.CommonSettings().data_dir),),
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        sample_interval_s=args.sample_interval,
-        poll_interval_s=args.poll_interval,
-        hang_factor=args.hang_factor,
-        min_hang_s=args.min_hang,
-        startup_grace_s=args.startup_grace,
-        use_nvml=not args.no_nvml,
-        page_ttl_s=args.page_ttl,
-        relay_port=args.relay_port,
-        relay_host=args.relay_host,
-        relay_window_s=args.relay_window,
-    )
+    try:
+        cfg = config.AgentConfig(
+            node=args.node or config.default_node(),
+            progress_dir=args.progress_dir,
+            output_dir=args.output_dir or (Path(env_out) if env_out else None),
+            collector=collector,
+            token=os.environ.get(EnvVar.TOKEN),
+            spool_dir=args.spool_dir,
+            spool_max_bytes=args.spool_max_bytes,
+            # What `vigil diag` runs on this node left unsent (it spools under the data dir).
+            replay_dirs=(spool.diag_dir(settings.CommonSettings().data_dir),),
+            metrics_host=args.metrics_host,
+            metrics_port=args.metrics_port,
+            sample_interval_s=args.sample_interval,
+            poll_interval_s=args.poll_interval,
+            hang_factor=args.hang_factor,
+            min_hang_s=args.min_hang,
+            startup_grace_s=args.startup_grace,
+            use_nvml=not args.no_nvml,
+            page_ttl_s=args.page_ttl,
+            relay_port=args.relay_port,
+            relay_host=args.relay_host,
+            relay_window_s=args.relay_window,
+        )
+    except ValueError as exc:  # a value out of range: one line, as argparse says it
+        sys.stderr.write(f"vigil agent: {exc}\n")
+        return 2
     agent = daemon.Agent(cfg)
     stop = threading.Event()
 
@@ -124,7 +128,12 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    port = agent.start()
+    try:
+        port = agent.start()
+    except OSError as exc:  # a port taken, an address this host does not have
+        agent.stop()
+        sys.stderr.write(f"vigil agent: cannot listen: {exc}\n")
+        return 2
     sys.stdout.write(f"vigil agent: metrics on http://{cfg.metrics_host}:{port}/metrics\n")
     if agent.relay_port is not None:
         sys.stdout.write(

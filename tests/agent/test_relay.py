@@ -5,6 +5,9 @@ and a collector without the frames path gets each frame alone."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -241,3 +244,37 @@ def test_relay_settings_are_checked(tmp_path: Path) -> None:
         relay_mod.Relay("http://127.0.0.1:1", window_s=0)
     with pytest.raises(ValueError, match="max_bytes"):
         relay_mod.Relay("http://127.0.0.1:1", max_bytes=relay_mod.MAX_BODY_BYTES + 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--relay-port", "9465"], "--relay-port needs a collector to relay to"),
+        (["--relay-port", "70000", "--collector", "http://127.0.0.1:1"], "relay_port must be"),
+        (
+            ["--relay-port", "0", "--relay-window", "0", "--collector", "http://127.0.0.1:1"],
+            "relay_window_s must be > 0",
+        ),
+        (["--relay-port", "{taken}", "--collector", "http://127.0.0.1:1"], "cannot listen"),
+    ],
+)
+def test_vigil_agent_refuses_a_relay_it_cannot_run(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        argv = [a.replace("{taken}", str(taken.getsockname()[1])) for a in args]
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "vigil", "agent", "--no-nvml", "--metrics-port", "0"),
+                *("--progress-dir", str(tmp_path / "pages"), *argv),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "VIGIL_COLLECTOR_URL": ""},
+        )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("vigil agent: ") and message in last, done.stderr
