@@ -20,7 +20,9 @@ dist.all_reduce) x faults injected by the job itself:
     a network namespace of its own, behind a veth pair that `tc tbf` limits, on a node of its
     own; the same job clean, through the same veth without the limit on rank 3's side.
 Cases run one after another in one launch per wrapper (a crash in its own launch). Every rank
-ships to a real `vigil collector` (SQLite, its streaming analyzer on) and keeps a JSONL copy;
+ships to a real `vigil collector` (SQLite, its streaming analyzer on) and keeps a JSONL copy
+(with `--relay`, through its node's relay: ranks 0-1 and 2-3 as two nodes, each relay as `vigil
+agent --relay-port` runs it; the last line then also holds `relayed_batches`, `relay_requests`);
 every case is analysed offline (`vigil analyze --json`, a subprocess, as a user runs it) and
 online (the collector's findings API).
 
@@ -60,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.realjobs import launch as launcher  # noqa: E402
 from tests.realjobs import netns, train  # noqa: E402
+from vigil.agent import relay  # noqa: E402
 
 WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain", "fsdp_tp")
 FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
@@ -371,6 +374,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1.25x forward, data, hang, clean")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="ranks ship through their node's relay (ranks 0-1 and 2-3 as two nodes, as `vigil "
+        "agent --relay-port` runs it), not straight to the collector (not the slow link's job)",
+    )
     args = parser.parse_args()
     wrappers = [w for w in args.wrappers.split(",") if w]
     unknown = set(wrappers) - set(WRAPPERS)
@@ -379,6 +388,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vigil-faults-"))
     started = time.monotonic()
     collector = Collector(work)
+    relays = [relay.Relay(collector.url) for _ in range(2)] if args.relay else []
+    servers = [relay.serve(r, "127.0.0.1", 0) for r in relays]
+    ships_to = {
+        rank: f"http://127.0.0.1:{servers[rank // 2].server_port}" for rank in range(4) if servers
+    }
     specs: list[Spec] = []
     try:
         for wrapper in wrappers:
@@ -389,7 +403,7 @@ def main() -> None:
             for batch in [grouped, *([c] for c in alone)]:
                 result = launcher.launch(
                     wrapper, [s.case for s in batch], work / "out", collector=collector.url,
-                    progress_dir=work / "pages", timeout_s=900,
+                    rank_collector=ships_to, progress_dir=work / "pages", timeout_s=900,
                 )  # fmt: skip
                 expect_fail = any(s.kind == "crash" for s in batch)
                 if (max(result.exit_codes) != 0) != expect_fail:
@@ -410,7 +424,19 @@ def main() -> None:
             )
             scores.append(score(spec, "online", online, onset, ends))
     finally:
+        for server, r in zip(servers, relays, strict=True):
+            server.shutdown()
+            r.close()
+            server.server_close()
         collector.stop()
+    relayed: dict[str, Any] = {}
+    if relays:
+        frames, requests = (
+            sum(r.stats.frames for r in relays),
+            sum(r.stats.requests for r in relays),
+        )
+        print(f"relays: {frames} batches in {requests} requests to the collector")
+        relayed = {"relayed_batches": frames, "relay_requests": requests}
     report(scores)
     overall = summarise(scores)
     by_mode = {m: summarise([s for s in scores if s.mode == m]) for m in ("offline", "online")}
@@ -426,7 +452,7 @@ def main() -> None:
     print(f"matrix ran in {time.monotonic() - started:.0f} s; work folder {work}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({**overall, "by_mode": by_mode, "targets": targeted}))
+    print(json.dumps({**overall, **relayed, "by_mode": by_mode, "targets": targeted}))
 
 
 def report(scores: list[Score]) -> None:
