@@ -135,10 +135,10 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"vigil agent: cannot listen: {exc}\n")
         return 2
     sys.stdout.write(f"vigil agent: metrics on http://{cfg.metrics_host}:{port}/metrics\n")
-    if agent.relay_port is not None:
+    if agent.relay is not None:
         sys.stdout.write(
             f"vigil agent: relaying batches to {collector}; ranks on this node ship to "
-            f"{EnvVar.COLLECTOR_URL}=http://{cfg.relay_host}:{agent.relay_port}\n"
+            f"{EnvVar.COLLECTOR_URL}={agent.relay.url}\n"
         )
     sys.stdout.flush()
     try:

@@ -104,9 +104,7 @@ class Agent:
         self.registry = CollectorRegistry()
         self.registry.register(exporter.AgentCollector(self.view))
         self._server: Any = None
-        self.relay: relay.Relay | None = None
-        self._relay_server: Any = None
-        self.relay_port: int | None = None  # where the relay listens, once started
+        self.relay: relay.RelayServer | None = None  # once started, with a relay_port
         self._stop = threading.Event()
         self.control = self._make_control()
 
@@ -166,15 +164,17 @@ class Agent:
             port,
         )
         if self.cfg.relay_port is not None and self.cfg.collector:
-            self.relay = relay.Relay(self.cfg.collector, window_s=self.cfg.relay_window_s)
-            self._relay_server = relay.serve(self.relay, self.cfg.relay_host, self.cfg.relay_port)
-            self.relay_port = int(self._relay_server.server_port)
-            log.info(
-                "vigil agent on %s: relaying to %s at http://%s:%d%s",
-                self.cfg.node,
+            self.relay = relay.RelayServer(
                 self.cfg.collector,
                 self.cfg.relay_host,
-                self.relay_port,
+                self.cfg.relay_port,
+                window_s=self.cfg.relay_window_s,
+            )
+            log.info(
+                "vigil agent on %s: relaying to %s at %s%s",
+                self.cfg.node,
+                self.cfg.collector,
+                self.relay.url,
                 api.INGEST_PATH,
             )
         return port
@@ -199,10 +199,8 @@ class Agent:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-        if self._relay_server is not None and self.relay is not None:
-            self._relay_server.shutdown()  # senders still waiting are answered, then close
-            self.relay.close()
-            self._relay_server.server_close()
+        if self.relay is not None:
+            self.relay.close()  # senders still waiting are answered first
         if self.shipper is not None:
             self.shipper.finish_by(time.monotonic() + self.cfg.shutdown_timeout_s)
         self.flusher.stop(timeout_s=self.cfg.shutdown_timeout_s)

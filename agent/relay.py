@@ -309,3 +309,34 @@ def serve(relay: Relay, host: str, port: int) -> ThreadingHTTPServer:
         target=server.serve_forever, name="vigil-agent-relay-http", daemon=True
     ).start()
     return server
+
+
+class RelayServer:
+    """A `Relay` serving on (host, port) (0: any free port), as `vigil agent --relay-port`
+    runs it: `url` is what this node's ranks ship to; `close()` (or the end of a `with`
+    block) stops taking requests, answers those pending and stops the relay."""
+
+    def __init__(self, collector_url: str, host: str = "127.0.0.1", port: int = 0, **relay: Any):
+        self.relay = Relay(collector_url, **relay)
+        try:
+            self._server = serve(self.relay, host, port)
+        except OSError:
+            self.relay.close()
+            raise
+        self.port = int(self._server.server_port)
+        self.url = f"http://{host}:{self.port}"
+
+    @property
+    def stats(self) -> RelayStats:
+        return self.relay.stats
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self.relay.close()
+        self._server.server_close()
+
+    def __enter__(self) -> RelayServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -388,11 +388,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vigil-faults-"))
     started = time.monotonic()
     collector = Collector(work)
-    relays = [relay.Relay(collector.url) for _ in range(2)] if args.relay else []
-    servers = [relay.serve(r, "127.0.0.1", 0) for r in relays]
-    ships_to = {
-        rank: f"http://127.0.0.1:{servers[rank // 2].server_port}" for rank in range(4) if servers
-    }
+    relays = [relay.RelayServer(collector.url) for _ in range(2)] if args.relay else []
+    ships_to = {rank: relays[rank // 2].url for rank in range(4) if relays}
     specs: list[Spec] = []
     try:
         for wrapper in wrappers:
@@ -424,10 +421,8 @@ def main() -> None:
             )
             scores.append(score(spec, "online", online, onset, ends))
     finally:
-        for server, r in zip(servers, relays, strict=True):
-            server.shutdown()
+        for r in relays:
             r.close()
-            server.server_close()
         collector.stop()
     relayed: dict[str, Any] = {}
     if relays:

@@ -56,27 +56,10 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         processes.stop(proc)
 
 
-class _Node:
-    """A relay serving on loopback, as `vigil agent --relay-port` runs it."""
-
-    def __init__(self, upstream: str, **kwargs: float) -> None:
-        self.relay = relay_mod.Relay(upstream, **kwargs)  # type: ignore[arg-type]
-        self.server = relay_mod.serve(self.relay, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.relay.close()
-        self.server.server_close()
-
-
 @pytest.fixture
-def node(collector: str) -> Iterator[_Node]:
-    n = _Node(collector, window_s=0.5)
-    try:
+def node(collector: str) -> Iterator[relay_mod.RelayServer]:
+    with relay_mod.RelayServer(collector, window_s=0.5) as n:
         yield n
-    finally:
-        n.close()
 
 
 def _send_all(url: str, frames: list[tuple[str, bytes]]) -> list[sender.Result]:
@@ -107,7 +90,7 @@ def _stored_steps(url: str, job: str) -> list[tuple[int, int]]:
 
 
 def test_ranks_frames_go_together_and_each_sender_gets_its_own_answer(
-    collector: str, node: _Node
+    collector: str, node: relay_mod.RelayServer
 ) -> None:
     job = "relay-a"
     everyone = rec.steps(8, 4, job=job)
@@ -121,8 +104,8 @@ def test_ranks_frames_go_together_and_each_sender_gets_its_own_answer(
     assert "Sample.value: must be a finite number" in results[-1].detail
     assert _stored_steps(collector, job) == [(r, s) for r in range(8) for s in range(4)]
     # Nine frames, far fewer requests to the collector.
-    assert node.relay.stats.frames == 9
-    assert node.relay.stats.requests <= 3, node.relay.stats
+    assert node.stats.frames == 9
+    assert node.stats.requests <= 3, node.stats
     # A retried frame is answered as committed (a duplicate) and stored once.
     again = _send_all(node.url, frames[:2])
     assert [r.outcome for r in again] == [Outcome.COMMITTED] * 2
@@ -133,7 +116,7 @@ def test_ranks_flushing_on_their_own_clocks_fall_into_step(collector: str) -> No
     """Eight ranks flushing every 0.3 s from scattered phases, as SDK flushers do (wait, then
     send): the first window gathers whoever comes within it, and ranks answered together flush
     together after it, so later windows hold every rank."""
-    n = _Node(collector, window_s=0.4)
+    n = relay_mod.RelayServer(collector, window_s=0.4)
     rounds, ranks = 6, 8
     everyone = rec.steps(ranks, rounds, job="relay-clock")
     outcomes: list[Outcome] = []
@@ -159,14 +142,14 @@ def test_ranks_flushing_on_their_own_clocks_fall_into_step(collector: str) -> No
         assert outcomes == [Outcome.COMMITTED] * rounds * ranks
         assert len(_stored_steps(collector, "relay-clock")) == rounds * ranks
         # One request per flush once in step (the first window may take two).
-        assert n.relay.stats.requests <= rounds + 2, n.relay.stats
+        assert n.stats.requests <= rounds + 2, n.stats
     finally:
         n.close()
 
 
 def test_a_collector_away_is_a_retry_for_the_sender() -> None:
     away = f"http://127.0.0.1:{free_port()}"
-    n = _Node(away, window_s=0.1, timeout_s=1.0)
+    n = relay_mod.RelayServer(away, window_s=0.1, timeout_s=1.0)
     try:
         frame = codec.encode_batch(rec.steps(1, 1), batch_id="away-1")
         (result,) = _send_all(n.url, [("away-1", frame)])
@@ -179,7 +162,7 @@ def test_a_collector_away_is_a_retry_for_the_sender() -> None:
 
 def test_a_collector_without_the_frames_path_gets_each_frame_alone() -> None:
     old = Receiver(token="tok")  # answers 404 on every path but the lone ingest path
-    n = _Node(old.url, window_s=0.5)
+    n = relay_mod.RelayServer(old.url, window_s=0.5)
     try:
         frames = [
             (f"o-{i}", codec.encode_batch(rec.steps(1, 2), batch_id=f"o-{i}")) for i in range(4)
@@ -220,7 +203,7 @@ def _send_all_with_token(url: str, token: str, batch_id: str) -> list[sender.Res
         s.close()
 
 
-def test_bad_requests_to_the_relay_get_a_clear_answer(node: _Node) -> None:
+def test_bad_requests_to_the_relay_get_a_clear_answer(node: relay_mod.RelayServer) -> None:
     r = httpx.post(node.url + "/api/v1/jobs", content=b"x", timeout=10)
     assert r.status_code == 404 and "/api/v1/ingest" in r.json()["detail"]
     r = httpx.post(

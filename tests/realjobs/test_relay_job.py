@@ -26,10 +26,9 @@ def _findings(url: str, job: str) -> list[dict[str, Any]]:
 
 def test_findings_hold_when_ranks_ship_through_their_nodes_relays(tmp_path: Path) -> None:
     collector = Collector(f"sqlite:///{tmp_path / 'collector.sqlite3'}", tmp_path, _free_port())
-    relays = [relay.Relay(collector.url) for _ in range(2)]  # the default 1 s window
-    servers = [relay.serve(r, "127.0.0.1", 0) for r in relays]
+    relays = [relay.RelayServer(collector.url) for _ in range(2)]  # the default 1 s window
     # Ranks 0-1 on the first node, 2-3 on the second.
-    ships_to = {rank: f"http://127.0.0.1:{servers[rank // 2].server_port}" for rank in range(4)}
+    ships_to = {rank: relays[rank // 2].url for rank in range(4)}
     cases: list[dict[str, Any]] = [
         {
             "job": "relay-straggler",
@@ -69,8 +68,6 @@ def test_findings_hold_when_ranks_ship_through_their_nodes_relays(tmp_path: Path
             # last flushes come alone: 18 requests for 28 batches in a typical run).
             assert r.stats.frames > 20 and r.stats.requests < 0.8 * r.stats.frames, r.stats
     finally:
-        for server, r in zip(servers, relays, strict=True):
-            server.shutdown()
+        for r in relays:
             r.close()
-            server.server_close()
         collector.stop()
