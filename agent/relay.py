@@ -224,24 +224,23 @@ class Relay:
 
     def _settle(self, slots: list[_Slot], response: httpx.Response | None) -> None:
         """Each slot's reply from an envelope's answer."""
-        results: Any = None
-        if response is not None and response.status_code == 200:
-            try:
-                results = response.json()["results"]
-            except (ValueError, KeyError, TypeError):
-                results = None
-            if not isinstance(results, list) or len(results) != len(slots):
-                for slot in slots:
-                    slot.reply = _reply(502, "Batch.<relay>: the collector's answer was malformed")
-                return
-        for i, slot in enumerate(slots):
-            if results is None:
+        if response is None or response.status_code != 200:  # the same answer for every frame
+            for slot in slots:
                 slot.reply = _answer(response)
-                continue
-            result = dict(results[i])
-            status = int(result.pop("status", 502))
+            return
+        try:
+            results = response.json()["results"]
+        except (ValueError, KeyError, TypeError):
+            results = None
+        if not isinstance(results, list) or len(results) != len(slots):
+            for slot in slots:
+                slot.reply = _reply(502, "Batch.<relay>: the collector's answer was malformed")
+            return
+        for slot, result in zip(slots, results, strict=True):
+            body = dict(result)
+            status = int(body.pop("status", 502))
             retry = {"Retry-After": _RETRY_AFTER_S} if status == 503 else {}
-            slot.reply = Reply(status, json.dumps(result).encode(), retry)
+            slot.reply = Reply(status, json.dumps(body).encode(), retry)
 
 
 def _answer(response: httpx.Response | None) -> Reply:

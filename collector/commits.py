@@ -46,10 +46,13 @@ class _Pending:
     error: BaseException | None = None
     done: bool = False
 
-
-def _error(p: _Pending) -> BaseException:
-    assert p.error is not None, "a settled batch has a result or an error"
-    return p.error
+    @property
+    def outcome(self) -> IngestResult | BaseException:
+        """Once done: the batch's result, or what the store raised for it."""
+        if self.error is not None:
+            return self.error
+        assert self.result is not None, "a settled batch has a result or an error"
+        return self.result
 
 
 class GroupCommit:
@@ -66,15 +69,10 @@ class GroupCommit:
     def ingest(self, batch: schema.Batch, checked: validate.Checked) -> IngestResult:
         """Store one batch exactly once, possibly in one transaction with others; raises what
         `Store.ingest` raises for it."""
-        if not self.grouped:
-            self.transactions += 1
-            return self.store.ingest(batch, checked)
-        mine = _Pending(batch, checked)
-        self._settle([mine])
-        if mine.error is not None:
-            raise mine.error
-        assert mine.result is not None
-        return mine.result
+        (outcome,) = self.ingest_all([(batch, checked)])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def ingest_all(
         self, items: list[tuple[schema.Batch, validate.Checked]]
@@ -92,7 +90,7 @@ class GroupCommit:
             return out
         mine = [_Pending(batch, checked) for batch, checked in items]
         self._settle(mine)
-        return [p.result if p.error is None and p.result is not None else _error(p) for p in mine]
+        return [p.outcome for p in mine]
 
     def _settle(self, mine: list[_Pending]) -> None:
         """Queue `mine`; write groups (or wait while another request does) until all are done."""

@@ -330,11 +330,7 @@ def _commit(ctx: CollectorContext, body: bytes, header_id: str | None) -> Respon
     if isinstance(found, _Answer):
         return found.response()
     batch, checked = found
-    outcome: IngestResult | BaseException
-    try:
-        outcome = ctx.commits.ingest(batch, checked)
-    except (codec.DecodeError, *_STORE_REFUSED, *_STORE_AWAY) as exc:
-        outcome = exc
+    (outcome,) = ctx.commits.ingest_all([(batch, checked)])
     return _settled(ctx, batch, checked, outcome, started).response()
 
 
