@@ -110,6 +110,14 @@ def state_for(process_group: Any) -> HookState:
     return state
 
 
+def registered(model: Any) -> bool:
+    """Whether `ddp_comm_hook` is already `model`'s comm hook (a DDP model watched by an earlier
+    session in this process: DDP takes one hook for its lifetime, and that one records with
+    whichever recorder is active, so it times the new session's all-reduces too)."""
+    hooks = getattr(model, "_comm_hooks", None) or ()
+    return any(hook is ddp_comm_hook for hook, _ in hooks)
+
+
 def _average_options(group: Any) -> Any:
     """All-reduce options that average over `group`: AVG where the backend has it (NCCL),
     else SUM (the caller divides)."""

@@ -330,6 +330,8 @@ class Session:
         self.phases.watch(model, optimizer)
         register = getattr(model, "register_comm_hook", None)
         if register is not None and self.cfg.time_collectives:  # DDP: reach its C++ all-reduce
+            if ddp_hook.registered(model):  # an earlier session's watch: it times for this one
+                return
             try:
                 state = ddp_hook.state_for(getattr(model, "process_group", None))
                 register(state, ddp_hook.ddp_comm_hook)
