@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -158,7 +159,13 @@ def test_one_step_record_per_optimizer_step_with_the_jobs_own_numbers(
         assert all(r["model_flops"] == pytest.approx(per_token * r["tokens"]) for r in steps)
         assert all(r["mfu"] > 0 for r in steps)
         assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in steps)
-        assert all(0 < r["optimizer_s"] < r["forward_s"] + r["backward_s"] for r in steps[1:])
+        # The optimizer phase is the optimizer's alone (not the whole step): shorter than
+        # forward and backward together, by the median (one step preempted on a loaded host
+        # can take longer in any phase).
+        assert all(r["optimizer_s"] > 0 for r in steps)
+        assert statistics.median(r["optimizer_s"] for r in steps[1:]) < statistics.median(
+            r["forward_s"] + r["backward_s"] for r in steps[1:]
+        )
         ended = [r for r in _records(runs[run], job, rank) if r["type"] == "heartbeat"][-1]
         assert ended["state"] == "finished"
 
