@@ -8,6 +8,7 @@ I/O.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -118,8 +119,14 @@ class StepArrays:
         return mfu
 
     def _throughput(self) -> npt.NDArray[np.float64]:
-        with np.errstate(all="ignore"):
-            tokens = np.nansum(self.tokens, axis=1, dtype=np.float64)
+        """The job's tokens per second of each step: its ranks' mean tokens times the ranks,
+        over its slowest rank's step time. A step whose records are not all in yet (the
+        streaming analyzer moves on once newer steps crowd its window, and a job of fast steps
+        analyses steps before a rank's next flush) is read from the ranks it has: their sum
+        alone would read the missing ranks' tokens as a drop in throughput."""
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a step no rank reported: NaN
+            tokens = np.nanmean(self.tokens, axis=1, dtype=np.float64) * self.num_ranks
             time = np.nanmax(self.step_time_s, axis=1).astype(np.float64)
             rate: npt.NDArray[np.float64] = np.where(time > 0, tokens / time, np.nan)
         return rate

@@ -253,3 +253,35 @@ def test_streaming_folds_the_drop_into_the_straggler_it_names() -> None:
     newest = out[-1]  # re-sent under its id with the drop's evidence
     assert newest.finding_id == out[0].finding_id and newest.subjects.ranks == [HEAVY]
     assert any(e.metric == "mfu" and "job mfu from step 60" in e.note for e in newest.evidence)
+
+
+def _fast_step(rank: int, step: int, rng: np.random.Generator) -> schema.StepRecord:
+    start = 1000.0 + 0.02 * step
+    took = 0.02 * rng.uniform(0.95, 1.05)
+    return schema.StepRecord(
+        job_id="fast", rank=rank, step=step, start_s=start, end_s=start + took, tokens=32
+    )
+
+
+def test_steps_analysed_before_every_rank_reported_them_are_no_throughput_drop() -> None:
+    """A job of 20 ms steps whose ranks flush every second: rank 0's batches come in step by
+    step, ranks 1-3's 50 steps at a time, so the streaming analyzer (64 steps kept) analyses
+    steps before three of four ranks reported them. Their throughput is read from the ranks
+    that did (MFU unknown: tokens per second), not as a quarter of the job's."""
+    rng = np.random.default_rng(4)
+    analyzer = streaming.StreamingAnalyzer()
+    job = schema.Job(job_id="fast", name="fast", world_size=4)
+    ranks = [schema.RankInfo(job_id="fast", rank=r, node="n0", world_size=4) for r in range(4)]
+    out = list(analyzer.observe([job, *ranks]))
+    late: list[schema.Record] = []
+    for step in range(600):
+        late.extend(_fast_step(rank, step, rng) for rank in (1, 2, 3))
+        out.extend(analyzer.observe([_fast_step(0, step, rng)]))
+        if step % 50 == 49:
+            out.extend(analyzer.observe(late))
+            late = []
+    # It analysed the steps, each at the job's throughput (4 x 32 tokens in ~20 ms), and the
+    # steps three ranks had not reported yet were among them.
+    series = np.asarray(analyzer._jobs["fast"].mfu_series)
+    assert series.size == 64 and np.all(np.abs(series / 6400 - 1) < 0.06), series
+    assert out == [], [f.summary for f in out]
