@@ -1,6 +1,7 @@
 """The real-job fault matrix: do vigil's findings name the right rank, kind and time?
 
     python bench/faults.py [--wrappers ddp,fsdp,tp,pp,plain] [--seeds 2] [--quick]
+    python bench/faults.py --long 2000 --seeds 1   # false alarms over long fault-free jobs
 
 Real 4-rank gloo jobs (`tests/realjobs/train.py`: a user's own loop instrumented only through
 the public SDK) for each wrapper (DDP, FSDP2, DTensor TP, 1F1B pipeline, a plain loop calling
@@ -31,10 +32,15 @@ its first such finding gives kind accuracy and latency (steps and seconds from t
 step to the finding's `detected_s`); culprit accuracy is whether the first finding of the case
 names exactly the culprit. Precision counts every finding of every kind: correct ones name the
 culprit with an acceptable kind (for a straggler also mfu_drop); every finding on a clean job is
-false (`clean_false_findings`). The last line is one JSON object with precision, recall,
-culprit_accuracy, kind_accuracy, clean_false_findings, median_latency_steps, cases (pooled over
-both modes), and the same per mode and for the targeted subsets (stragglers >= 1.25x, hangs,
-stragglers at 1.1x).
+false (`clean_false_findings`; `clean_steps` counts their steps, once per mode, and
+`false_findings_per_10k_steps` relates the two). The last line is one JSON object with precision,
+recall, culprit_accuracy, kind_accuracy, clean_false_findings, clean_steps,
+false_findings_per_10k_steps, median_latency_steps, cases (pooled over both modes), and the same
+per mode and for the targeted subsets (stragglers >= 1.25x, hangs, stragglers at 1.1x).
+
+`--long STEPS` runs only the clean jobs, each STEPS steps long, with a hiccup every 50 steps: a
+false alarm rare enough to miss in 40-step jobs shows over thousands of steps, as it would over
+a real job's hours.
 """
 
 from __future__ import annotations
@@ -141,16 +147,31 @@ def specs_for(wrapper: str, seeds: int, quick: bool) -> tuple[list[Spec], list[S
     for where in ("before",) if quick else ("before", "collective", "data", "checkpoint"):
         add(f"hang-{where}", "hang", 1, f"hang {where}", steps=hang_step + 6,
             kind="hang", rank=1, step=hang_step, seconds=HANG_S, where=where)  # fmt: skip
-    for seed in range(1, seeds + 1):
-        for noise in ("jitter", "hiccup", "cpu_hog"):
-            case = {"job": f"{wrapper}-clean-{noise}-{seed}", "steps": STEPS, "seed": 100 + seed}
-            case["noise"] = {"kind": noise, "share": 0.15}
-            out.append(Spec(wrapper, f"clean-{noise}-{seed}", "clean", group=f"clean {noise}",
-                            case=case))  # fmt: skip
+    out += clean_specs(wrapper, seeds, STEPS)
     crash = Spec(wrapper, "crash", "crash", 3, FAULT_STEP + 4, "crash",
                  {"job": f"{wrapper}-crash", "steps": STEPS, "seed": 99,
                   "fault": {"kind": "crash", "rank": 3, "step": FAULT_STEP + 4}})  # fmt: skip
     return out, [] if quick else [crash]
+
+
+def clean_specs(wrapper: str, seeds: int, steps: int) -> list[Spec]:
+    """Fault-free jobs of `steps` steps, `seeds` of each noise: ±15 % per-step jitter, one-off
+    hiccups (a rank 3x slower for a step: 2 a job, one per 50 steps in longer jobs), a busy
+    process on every core."""
+    out = []
+    long = steps > STEPS
+    for seed in range(1, seeds + 1):
+        for noise in ("jitter", "hiccup", "cpu_hog"):
+            name = f"{'long-' if long else ''}clean-{noise}-{seed}"
+            case = {
+                "job": f"{wrapper}-{name}",
+                "steps": steps,
+                "seed": (200 if long else 100) + seed,
+            }
+            case["noise"] = {"kind": noise, "share": 0.15, "count": max(2, steps // 50)}
+            group = f"{'long ' if long else ''}clean {noise}"
+            out.append(Spec(wrapper, name, "clean", group=group, case=case))
+    return out
 
 
 SLOW_RANK = 3
@@ -345,6 +366,9 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
     correct = sum(s.correct for s in scores)
     lat = [s.latency_steps for s in detected if s.latency_steps is not None]
     lat_s = [s.latency_s for s in detected if s.latency_s is not None]
+    clean = [s for s in scores if s.spec.kind == "clean"]
+    false = sum(len(s.findings) for s in clean)
+    clean_steps = sum(int(s.spec.case["steps"]) for s in clean)
     return {
         "cases": len(scores),
         "precision": round(correct / findings, 3) if findings else 1.0,
@@ -355,7 +379,12 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
         "kind_accuracy": round(sum(s.kind_ok for s in detected) / len(detected), 3)
         if detected
         else 0.0,
-        "clean_false_findings": sum(len(s.findings) for s in scores if s.spec.kind == "clean"),
+        "clean_false_findings": false,
+        # Steps of clean jobs analysed (each job once per mode), and false findings per 10,000.
+        "clean_steps": clean_steps,
+        "false_findings_per_10k_steps": round(false * 1e4 / clean_steps, 2)
+        if clean_steps
+        else None,
         "median_latency_steps": statistics.median(lat) if lat else None,
         "median_latency_s": round(statistics.median(lat_s), 2) if lat_s else None,
         "max_latency_s": max(lat_s) if lat_s else None,
@@ -380,8 +409,20 @@ def main() -> None:
         help="ranks ship through their node's relay (ranks 0-1 and 2-3 as two nodes, as `vigil "
         "agent --relay-port` runs it), not straight to the collector (not the slow link's job)",
     )
+    parser.add_argument(
+        "--long",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="only fault-free jobs of STEPS steps each (false alarms over long runs; not the "
+        "slow link's job)",
+    )
     args = parser.parse_args()
+    if args.long and args.long <= STEPS:
+        parser.error(f"--long {args.long}: give more steps than the matrix's own {STEPS}")
     wrappers = [w for w in args.wrappers.split(",") if w]
+    if args.long:
+        wrappers = [w for w in wrappers if w != "fsdp_tp"]
     unknown = set(wrappers) - set(WRAPPERS)
     if unknown:
         parser.error(f"unknown wrappers {sorted(unknown)}; choose from {WRAPPERS}")
@@ -394,13 +435,16 @@ def main() -> None:
     try:
         for wrapper in wrappers:
             grouped, alone = specs_for(wrapper, args.seeds, args.quick)
+            if args.long:
+                grouped, alone = clean_specs(wrapper, args.seeds, args.long), []
             if wrapper == "fsdp_tp":
                 specs.extend(run_slow_link(work, args.seeds))
                 continue
             for batch in [grouped, *([c] for c in alone)]:
                 result = launcher.launch(
                     wrapper, [s.case for s in batch], work / "out", collector=collector.url,
-                    rank_collector=ships_to, progress_dir=work / "pages", timeout_s=900,
+                    rank_collector=ships_to, progress_dir=work / "pages",
+                    timeout_s=900 + (args.long // 10 if args.long else 0),
                 )  # fmt: skip
                 expect_fail = any(s.kind == "crash" for s in batch)
                 if (max(result.exit_codes) != 0) != expect_fail:
