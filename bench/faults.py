@@ -434,9 +434,11 @@ def main() -> None:
     specs: list[Spec] = []
     try:
         for wrapper in wrappers:
-            grouped, alone = specs_for(wrapper, args.seeds, args.quick)
-            if args.long:
-                grouped, alone = clean_specs(wrapper, args.seeds, args.long), []
+            grouped, alone = (
+                (clean_specs(wrapper, args.seeds, args.long), [])
+                if args.long
+                else specs_for(wrapper, args.seeds, args.quick)
+            )
             if wrapper == "fsdp_tp":
                 specs.extend(run_slow_link(work, args.seeds))
                 continue
@@ -444,7 +446,7 @@ def main() -> None:
                 result = launcher.launch(
                     wrapper, [s.case for s in batch], work / "out", collector=collector.url,
                     rank_collector=ships_to, progress_dir=work / "pages",
-                    timeout_s=900 + (args.long // 10 if args.long else 0),
+                    timeout_s=900 + args.long // 10,
                 )  # fmt: skip
                 expect_fail = any(s.kind == "crash" for s in batch)
                 if (max(result.exit_codes) != 0) != expect_fail:
