@@ -197,3 +197,45 @@ def persistent_episodes(
             (first + int(flagged[0]), first + int(flagged[-1]), first + int(reached[0]))
         )
     return episodes
+
+
+# Above this many columns a column's own value moves its row's median by a negligible share of
+# the spread, so the median of the others is taken as the row's median (no per-column pass).
+LEAVE_ONE_OUT_COLUMNS = 64
+
+
+def others_median(values: FloatArray, groups: npt.NDArray[np.integer] | None = None) -> FloatArray:
+    """Each entry's row median over the other columns of its group (NaN skipped; NaN where no
+    other column has a value). A deviation from the others' median is distributed alike for
+    every column; one from a median that includes the value itself is shrunk toward 0, most
+    in small groups (the median of 3 is one of them)."""
+    out = np.full(values.shape, np.nan, dtype=np.float64)
+    for cols in [np.arange(values.shape[1])] if groups is None else group_columns(groups):
+        block = values[:, cols].astype(np.float64)
+        if cols.size > LEAVE_ONE_OUT_COLUMNS:
+            out[:, cols] = nanmedian(block, 1, keepdims=True)
+            continue
+        for i, col in enumerate(cols.tolist()):
+            if cols.size > 1:
+                out[:, col] = nanmedian(np.delete(block, i, axis=1), 1)
+    return out
+
+
+def group_columns(groups: npt.NDArray[np.integer]) -> list[npt.NDArray[np.intp]]:
+    return [np.flatnonzero(groups == g) for g in np.unique(groups)]
+
+
+def accumulated_excess(x: FloatArray, k: float, steps: int) -> FloatArray:
+    """[steps, columns]: at each row, the largest sum of `x - k` over the runs of 1 to `steps`
+    rows that end there (a CUSUM that forgets what is older than `steps` rows, so it needs
+    only the last `steps` rows and a streaming window reproduces it). NaN adds nothing."""
+    rows = x.shape[0]
+    total = np.zeros((rows + 1, x.shape[1]))
+    np.cumsum(np.where(np.isfinite(x), x - k, 0.0), axis=0, out=total[1:])
+    # The run ending at row t that starts at row j sums total[t + 1] - total[j]: the largest
+    # is total[t + 1] minus the smallest total[j] over j in [t + 1 - steps, t].
+    lowest = total[:-1].copy()
+    for shift in range(1, min(steps, rows)):
+        np.minimum(lowest[shift:], total[:-1][:-shift], out=lowest[shift:])
+    out: FloatArray = total[1:] - lowest
+    return out

@@ -7,10 +7,13 @@ the largest left out) is scored against the other ranks (median/MAD, within its 
 it has 3 ranks or more; smaller stages are scored together, and there a stage slow as a whole is
 its imbalance, not its ranks' fault; a group of fewer than `scale_samples` ranks takes its scale
 over its last few steps, and there compute high at `corroborated_z` counts when the rank's wait
-is as low); a rank flagged in `min_hits` of the last `window` steps is reported; a job's first
-`warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute stragglers (with GPU
-throttling noted from NVML clocks), data-loader stalls, and compute that only follows a larger
-share of tokens (sequence-length imbalance, reported for the job rather than the rank).
+is as low); a rank flagged in `min_hits` of the last `window` steps is reported, a compute
+straggler once its unsmoothed steps also carry the evidence (`accumulated_excess`: a CUSUM of
+its excess over its peers' median, so a clean rank's short run of high jitter is not one); a
+job's first `warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute
+stragglers (with GPU throttling noted from NVML clocks), data-loader stalls, and compute that
+only follows a larger share of tokens (sequence-length imbalance, reported for the job rather
+than the rank).
 A flagged rank must also hold its peers up: its smoothed communication wait may not exceed its
 peers' median (a straggler arrives last and waits least); a rank flagged for CPU wait must also be
 late, its compute plus that wait an outlier as compute is.
@@ -26,6 +29,7 @@ this module used to make named a wrong rank). Pure numpy over `StepArrays`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,6 +273,7 @@ def detect(
     scores = scores or score(a, cfg)
     skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
+    excess: robust.FloatArray | None = None  # accumulated_excess(a), once an episode needs it
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
         if skip:
@@ -279,6 +284,7 @@ def detect(
             for first, last, at in robust.persistent_episodes(
                 flags[:, col], hits[:, col], cfg.min_hits
             ):
+                extra: list[schema.Evidence] = []
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
                     began = float(a.step_start_s[first])
                     if began_s is not None and col < began_s.size:
@@ -287,8 +293,59 @@ def detect(
                     if lasted is None:
                         continue
                     at = lasted
-                out.append(rank_finding(a, scores, kind, col, first, last, at, cfg))
+                elif kind is Kind.STRAGGLER:
+                    excess = accumulated_excess(a, cfg) if excess is None else excess
+                    evident = _evident(excess[:, col], at, last, cfg.evidence_threshold)
+                    if evident is None:
+                        continue
+                    at = evident
+                    extra.append(_excess_evidence(excess[at, col], cfg))
+                out.append(rank_finding(a, scores, kind, col, first, last, at, cfg, extra))
     return [f for f in out if _moved_up(f, cfg)]
+
+
+def accumulated_excess(
+    a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
+) -> robust.FloatArray:
+    """[steps, ranks]: the evidence each rank's unsmoothed compute carries that it is late
+    (`StragglerConfig.evidence_threshold`): per step, its compute less the median of its
+    peers' (its scoring group's, `stage_groups`) as a share of the step's median step time,
+    over the robust scale of those deviations pooled over the group's ranks and last steps
+    (at least `scale_samples` of them), clipped, less the allowance a step, summed over the
+    best run of its last 1..`evidence_steps` steps."""
+    compute = a.compute_s()
+    stages = stage_groups(a.stages)
+    with np.errstate(all="ignore"):
+        step_time = robust.nanmedian(a.step_time_s, 1, keepdims=True)
+        deviation = (compute - robust.others_median(compute, stages)) / step_time
+    x = np.full(deviation.shape, np.nan)
+    groups = [np.arange(a.num_ranks)] if stages is None else robust.group_columns(stages)
+    for cols in groups:
+        rows = robust.pool_rows(cols.size, cfg.scale_samples, cfg.evidence_steps)
+        block = deviation[:, cols]
+        scale = robust.MAD_TO_SIGMA * robust.pooled_median(np.abs(block), rows)
+        with np.errstate(invalid="ignore"):
+            x[:, cols] = block / np.fmax(scale, cfg.scale_floor)
+    clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
+    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
+
+
+def _evident(excess: robust.FloatArray, at: int, last: int, threshold: float) -> int | None:
+    """The first row from `at` (persistent) to `last` whose accumulated excess exceeds the
+    threshold; None: the episode never carried enough evidence."""
+    reached = np.flatnonzero(excess[at : last + 1] > threshold)
+    return at + int(reached[0]) if reached.size else None
+
+
+def _excess_evidence(value: float, cfg: config_mod.StragglerConfig) -> schema.Evidence:
+    return findings.evidence(
+        "accumulated_excess",
+        float(value),
+        cfg.evidence_threshold,
+        note="per-step compute over the peers' median, in robust standard deviations, "
+        f"less {cfg.evidence_allowance:g} a step, summed over its last "
+        f"{cfg.evidence_steps} steps at most (CUSUM); the threshold as the baseline",
+    )
 
 
 def _lasted(
@@ -321,8 +378,10 @@ def rank_finding(
     last: int,
     at: int,
     cfg: config_mod.StragglerConfig,
+    extra: Sequence[schema.Evidence] = (),
 ) -> schema.Finding:
-    """A finding about one rank's episode over rows first..last (detected at row `at`)."""
+    """A finding about one rank's episode over rows first..last (detected at row `at`), with
+    `extra` evidence last."""
     rows = slice(first, last + 1)
     rank = int(a.ranks[col])
     flags = scores.flags(kind)[rows, col]
@@ -348,6 +407,7 @@ def rank_finding(
     if kind is Kind.STRAGGLER:
         ev.extend(_arrival_evidence(a, rows, col))
         note = _throttle_note(a, rows, col, ev)
+    ev.extend(extra)
     ratio = observed / baseline if baseline > 0 else float("inf")
     node = a.nodes[col]
     what = {Kind.STRAGGLER: "compute straggler", Kind.DATA_STALL: "data-loader stall"}[kind]

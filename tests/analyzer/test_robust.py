@@ -47,3 +47,49 @@ def test_newest_window_drop_test_matches_the_full_series_test(seed: int) -> None
     flags = mfu.drop_flags(series, cfg)[0]
     assert mfu.newest_is_drop(series, cfg) == bool(flags[-1])
     assert not mfu.newest_is_drop(series[: cfg.baseline_steps], cfg)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_others_median_leaves_each_column_out(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(6, int(rng.integers(2, 9))))
+    values[rng.random(values.shape) < 0.2] = np.nan
+    groups = rng.integers(0, 2, values.shape[1])
+    got = robust.others_median(values, groups)
+    for col in range(values.shape[1]):
+        peers = [c for c in np.flatnonzero(groups == groups[col]) if c != col]
+        expected = np.full(values.shape[0], np.nan)
+        for row in range(values.shape[0]):
+            seen = values[row, peers][np.isfinite(values[row, peers])]
+            if seen.size:
+                expected[row] = np.median(seen)
+        np.testing.assert_allclose(got[:, col], expected, equal_nan=True)
+
+
+def test_others_median_of_a_small_group_is_not_the_value_itself() -> None:
+    # The median of 3 ranks is one of them; the others' median is the deviation's reference.
+    got = robust.others_median(np.array([[1.0, 2.0, 10.0]]))
+    np.testing.assert_array_equal(got, [[6.0, 5.5, 1.5]])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_accumulated_excess_is_the_best_recent_run(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(30, 3))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    k, steps = 0.5, int(rng.integers(1, 12))
+    got = robust.accumulated_excess(x, k, steps)
+    terms = np.where(np.isfinite(x), x - k, 0.0)
+    for t in range(x.shape[0]):
+        runs = [terms[j : t + 1].sum(axis=0) for j in range(max(0, t - steps + 1), t + 1)]
+        np.testing.assert_allclose(got[t], np.max(runs, axis=0))
+
+
+def test_accumulated_excess_forgets_what_is_older_than_its_steps() -> None:
+    x = np.zeros((20, 1))
+    x[:5] = 3.0  # 5 steps 2.5 above the allowance, then nothing
+    got = robust.accumulated_excess(x, 0.5, 8)[:, 0]
+    assert got[4] == pytest.approx(12.5)
+    assert got[7] == pytest.approx(12.5 - 3 * 0.5)  # the run from row 0, 8 rows long
+    assert got[8] == pytest.approx(4 * 2.5 - 4 * 0.5)  # row 0 has left the last 8 rows
+    assert got[19] == pytest.approx(-0.5)  # only the newest step: nothing accumulates

@@ -33,9 +33,9 @@ from vigil import schema
 from vigil.analyzer import config, robust
 
 DATA = recorded.DATA / "jsonl_pipeline"
-# As scored before: each step's own MAD, compute alone.
+# As scored before: each step's own MAD, compute alone, no accumulated-excess test.
 PER_STEP = config.AnalyzerConfig(
-    straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0)
+    straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0, evidence_threshold=0.0)
 )
 COMPUTE_ALONE = config.AnalyzerConfig(straggler=config.StragglerConfig(corroborated_z=4.0))
 
