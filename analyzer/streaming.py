@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from vigil import columns, schema
 from vigil.analyzer import aggcols, hangs, imbalance, links, mfu, robust, stragglers
@@ -39,6 +40,14 @@ RETRY_STEPS = 3
 # Links and imbalance are judged over the window every step for jobs of up to this many ranks,
 # every 2 steps up to twice as many, ... (`_JobStream.judge_every`): ~2-3 ms a step at most.
 RANKS_PER_JUDGED_STEP = 256
+# A job whose ranks ship many steps a batch (fast steps, a 1 s flush) gets a longer window: 4
+# batches' worth of steps, so that a step is analysed once every rank's batch holding it came
+# (a rank's batch can end a batch's span ahead of another's, and the ring is analysed to half
+# its length ahead of the newest step), at most this many steps and no more cells (steps x
+# ranks) than the default window holds at 10,000 ranks.
+MAX_WINDOW_STEPS = 1024
+MAX_WINDOW_CELLS = 64 * 10_000
+BATCHES_HELD = 4
 
 
 class _JobStream:
@@ -100,6 +109,7 @@ class _JobStream:
         numbers = steps.column("step")
         if len(steps):  # analyse what the ring would overwrite before it moves on
             batch_newest = int(numbers.max())
+            self._fit(steps.column("rank"), numbers)
             out.extend(self._analyse_ready(force_upto=batch_newest - self.window.capacity // 2))
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
@@ -121,6 +131,22 @@ class _JobStream:
             if hang is not None:
                 out.append(hang)
         return out
+
+    def _fit(self, ranks: npt.NDArray[np.float64], numbers: npt.NDArray[np.float64]) -> None:
+        """Lengthen the window when one rank's batch spans more than a quarter of it
+        (`BATCHES_HELD`), to the next power of two up to the limits above."""
+        capacity = self.window.capacity
+        if float(numbers.max()) - float(numbers.min()) < capacity // BATCHES_HELD:
+            return  # no rank's span can be longer than the batch's
+        _, inverse = np.unique(ranks, return_inverse=True)
+        low = np.full(int(inverse.max()) + 1, np.inf)
+        high = np.full(low.size, -np.inf)
+        np.minimum.at(low, inverse, numbers)
+        np.maximum.at(high, inverse, numbers)
+        need = BATCHES_HELD * (int((high - low).max()) + 1)
+        limit = min(MAX_WINDOW_STEPS, MAX_WINDOW_CELLS // max(self.window.expected, 1))
+        if need > capacity and limit > capacity:
+            self.window.lengthen(min(limit, 1 << (need - 1).bit_length()))
 
     def _feed_other(self, r: schema.Record) -> None:
         if isinstance(r, schema.Job):

@@ -118,6 +118,32 @@ class StepWindow:
         self.rank_newest = newest
         self._width = width
 
+    def lengthen(self, capacity: int) -> None:
+        """Hold `capacity` steps from now on (more than now): every held step keeps its data,
+        moved to its row in the longer ring; steps older than the newest held less `capacity`
+        are dropped (they would share a row)."""
+        if capacity <= self.capacity:
+            return
+        held = np.flatnonzero(self.row_step >= 0)
+        if held.size:
+            held = held[self.row_step[held] > int(self.row_step[held].max()) - capacity]
+        rows = self.row_step[held] % capacity
+        for name, old in self._data.items():
+            new = np.full((capacity, self._width), np.nan, dtype=np.float32)
+            new[rows] = old[held]
+            self._data[name] = new
+        for name, fill in (("row_step", -1), ("reported", 0), ("start_s", np.inf),
+                           ("end_s", -np.inf)):  # fmt: skip
+            old_values = getattr(self, name)
+            new_values = np.full(capacity, fill, dtype=old_values.dtype)
+            new_values[rows] = old_values[held]
+            setattr(self, name, new_values)
+        moved = dict(zip(held.tolist(), rows.tolist(), strict=True))
+        self._aggs = {moved[r]: v for r, v in self._aggs.items() if r in moved}
+        self._dirty = {moved[r] for r in self._dirty if r in moved}
+        self._transfers = {moved[r]: v for r, v in self._transfers.items() if r in moved}
+        self.capacity = capacity
+
     def set_node(self, rank: int, node: str, device: str = "") -> None:
         col = self.column(rank)
         self._nodes[col] = node
