@@ -322,10 +322,14 @@ def accumulated_excess(
     groups = [np.arange(a.num_ranks)] if stages is None else robust.group_columns(stages)
     for cols in groups:
         rows = robust.pool_rows(cols.size, cfg.scale_samples, cfg.evidence_steps)
-        block = deviation[:, cols]
-        scale = robust.MAD_TO_SIGMA * robust.pooled_median(np.abs(block), rows)
+        deviations = deviation[:, cols]
+        spread = np.abs(deviations)
+        if rows > 1:
+            mad = robust.pooled_median(spread, rows)
+        else:  # enough ranks: each step's own
+            mad = robust.nanmedian(spread, 1, keepdims=True)
         with np.errstate(invalid="ignore"):
-            x[:, cols] = block / np.fmax(scale, cfg.scale_floor)
+            x[:, cols] = deviations / np.fmax(robust.MAD_TO_SIGMA * mad, cfg.scale_floor)
     clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
     return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
 
