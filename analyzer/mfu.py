@@ -3,7 +3,9 @@
 At each step the median of the last `recent_steps` values is compared with the median of the
 `baseline_steps` before them; a drop larger than `min_drop` of the baseline and `z_threshold`
 robust standard errors is a change point, refined to the split that best separates the two
-windows. The drop is then attributed by which component of step time grew (each one's mean
+windows. It is reported once it has lasted `min_drop_s` from that change point, the median of
+the last `recent_steps` values below the baseline all along (a dip over sooner is none). The
+drop is then attributed by which component of step time grew (each one's mean
 over the steps before and after the change: means add up as step time does, while a median
 hides a fault present in only part of the window): a straggler (max compute per token up,
 median not), sequence-length imbalance (max compute up only as far as its rank's larger share
@@ -79,8 +81,12 @@ def newest_is_drop(series: F64, cfg: config_mod.MfuConfig) -> bool:
     return series.size >= span and bool(drop_flags(series[-span:], cfg)[0][-1])
 
 
-def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
-    """Every sustained drop in `series`, each with its refined change point."""
+def find_drops(
+    series: F64, cfg: config_mod.MfuConfig, times: tuple[F64, F64] | None = None
+) -> list[Drop]:
+    """Every sustained drop in `series`, each with its refined change point. `times`: each
+    step's start and end (seconds), to hold a drop back until it has lasted `cfg.min_drop_s`
+    (a drop over before that is none)."""
     flags, before, _after, z = drop_flags(series, cfg)
     drops: list[Drop] = []
     for first, last in robust.runs(flags):
@@ -91,12 +97,18 @@ def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
         lo = max(0, first - cfg.recent_steps - cfg.baseline_steps + 1)
         level = float(before[first])
         change = _change_point(series[lo : first + 1], level * (1.0 - cfg.min_drop / 2)) + lo
+        detect = first + cfg.recent_steps - 1
+        if times is not None:
+            lasted = _lasted(series, times, change, detect, level, cfg)
+            if lasted is None:
+                continue
+            detect = lasted
         recovered = np.flatnonzero(series[change:] >= level * (1.0 - cfg.min_drop / 2))
         end = change + int(recovered[0]) - 1 if recovered.size else series.size - 1
         drops.append(
             Drop(
                 change_row=change,
-                detect_row=first + cfg.recent_steps - 1,
+                detect_row=detect,
                 end_row=max(end, last - cfg.baseline_steps),
                 before=level,
                 after=float(np.nanmedian(series[change : first + 1])),
@@ -104,6 +116,36 @@ def find_drops(series: F64, cfg: config_mod.MfuConfig) -> list[Drop]:
             )
         )
     return drops
+
+
+def _lasted(
+    series: F64,
+    times: tuple[F64, F64],
+    change: int,
+    detect: int,
+    level: float,
+    cfg: config_mod.MfuConfig,
+) -> int | None:
+    """The first row from `detect` by whose end the drop has lasted `cfg.min_drop_s` since
+    its change point, the median of the last `recent_steps` values still below the baseline
+    `level` by half the minimum drop at every row from `detect` on; None: it recovered first
+    (or the series ends)."""
+    r = cfg.recent_steps
+    with np.errstate(invalid="ignore"):  # a step with no time (NaN) is not reached
+        reached = np.flatnonzero(times[1][detect:] - times[0][change] >= cfg.min_drop_s)
+    if not reached.size:
+        return None
+    at = detect + int(reached[0])
+    recent = np.lib.stride_tricks.sliding_window_view(series[detect - r + 1 : at + 1], r)
+    if (robust.nanmedian(recent, 1) >= level * (1.0 - cfg.min_drop / 2)).any():
+        return None
+    return at
+
+
+def still_down(recent: F64, level: float, cfg: config_mod.MfuConfig) -> bool:
+    """Whether the median of the newest `recent_steps` values is still below the baseline
+    `level` by half the minimum drop (`_lasted`'s test, one step at a time: streaming)."""
+    return bool(np.nanmedian(recent[-cfg.recent_steps :]) < level * (1.0 - cfg.min_drop / 2))
 
 
 def _change_point(values: F64, low: float) -> int:
@@ -121,7 +163,8 @@ def detect(a: arrays_mod.StepArrays, cfg: config_mod.MfuConfig) -> list[schema.F
     """MFU-drop findings for one job, each attributed to a cause."""
     series = a.job_mfu()
     metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
-    return [drop_finding(a, d, metric, cfg) for d in find_drops(series, cfg)]
+    drops = find_drops(series, cfg, (a.step_start_s, a.step_end_s))
+    return [drop_finding(a, d, metric, cfg) for d in drops]
 
 
 def drop_finding(

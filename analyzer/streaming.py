@@ -77,6 +77,8 @@ class _JobStream:
         self.mfu_series: list[float] = []
         self.mfu_steps: list[int] = []
         self.mfu_run = 0  # consecutive newest windows flagged as a drop
+        # Drops found, not yet lasted `MfuConfig.min_drop_s`, with their baseline levels.
+        self.mfu_pending: list[tuple[schema.Finding, float]] = []
         self.job_done = False
 
     # --- feeding -----------------------------------------------------------------------
@@ -246,7 +248,7 @@ class _JobStream:
             out.extend(self._detect_window())
             self.unreported = self._unreported()
         out.extend(self._close_finished())
-        out.extend(self._mfu(step, job_mfu))
+        out.extend(self._mfu(step, job_mfu, span_s[1]))
         if self.num_analysed % self.judge_every() == 0:
             out.extend(self._imbalance())
         return out
@@ -343,7 +345,7 @@ class _JobStream:
                 )
         return out
 
-    def _mfu(self, step: int, value: float) -> list[schema.Finding]:
+    def _mfu(self, step: int, value: float, end_s: float) -> list[schema.Finding]:
         self.mfu_series.append(value)
         self.mfu_steps.append(step)
         keep = self.cfg.stream_window_steps
@@ -356,18 +358,30 @@ class _JobStream:
         newest = np.asarray(self.mfu_series[-span:], dtype=np.float64)
         flagged = mfu.newest_is_drop(newest, self.cfg.mfu)
         self.mfu_run = self.mfu_run + 1 if flagged else 0
-        if self.mfu_run != self.cfg.mfu.recent_steps:
-            return []
-        drops = mfu.find_drops(np.asarray(self.mfu_series, dtype=np.float64), self.cfg.mfu)
+        if self.mfu_run == self.cfg.mfu.recent_steps:
+            drops = mfu.find_drops(np.asarray(self.mfu_series, dtype=np.float64), self.cfg.mfu)
+            for drop in drops:
+                change = self.mfu_steps[drop.change_row]
+                if change < self.mfu_reported_step + self.cfg.mfu.baseline_steps or any(
+                    held.step_start == change for held, _ in self.mfu_pending
+                ):
+                    continue
+                a = self.window.view(self.analysed[-len(self.mfu_series) :])
+                metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
+                found = mfu.drop_finding(a, drop, metric, self.cfg.mfu)
+                self.mfu_pending.append((found, drop.before))
+        # Each drop is held until it has lasted `min_drop_s` from its change point, and
+        # dropped if it recovers first, as offline (`mfu.find_drops` with step times).
         out = []
-        for drop in drops:
-            change = self.mfu_steps[drop.change_row]
-            if change < self.mfu_reported_step + self.cfg.mfu.baseline_steps:
+        pending, self.mfu_pending = self.mfu_pending, []
+        for found, level in pending:
+            if not mfu.still_down(newest, level, self.cfg.mfu):
                 continue
-            self.mfu_reported_step = change
-            a = self.window.view(self.analysed[-len(self.mfu_series) :])
-            metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
-            out.append(self._fold(mfu.drop_finding(a, drop, metric, self.cfg.mfu)))
+            if end_s - found.trace_start_s < self.cfg.mfu.min_drop_s:
+                self.mfu_pending.append((found, level))
+                continue
+            self.mfu_reported_step = found.step_start
+            out.append(self._fold(msgspec.structs.replace(found, detected_s=end_s)))
         return out
 
     def _fold(self, drop: schema.Finding) -> schema.Finding:
