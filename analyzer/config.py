@@ -56,14 +56,16 @@ class StragglerConfig:
     # less its peers' median (the others', so 3 peers' median is not its own value), over the
     # robust scale of those per-step deviations (the group's ranks over its last steps, at
     # least `scale_samples` deviations), clipped at `evidence_clip` (one hiccup adds at most
-    # 5.5; at 4, bench/detect.py's intermittent stragglers, 2x every 4th step, carried it ~5
-    # steps later and 3 of 24 fell past 20 steps; at 6 it found what the smoothed scores alone
-    # found), less `evidence_allowance` a step, summed over its best run of its last 1 to
-    # `evidence_steps` steps (a CUSUM that forgets), must exceed `evidence_threshold`.
+    # 3.5; at 6 a clean DDP rank's run of high draws with hiccups among them passed, one in
+    # 1,500 steps of a real job with a hiccup every 50 steps; at 4 bench/detect.py's
+    # intermittent stragglers, 2x every 4th step, carry it ~5 steps later than at 6, and 3 of
+    # 24 are not found within its 20 steps), less `evidence_allowance` a step, summed over its
+    # best run of its last 1 to `evidence_steps` steps (a CUSUM that forgets), must exceed
+    # `evidence_threshold`.
     # Smoothed z-scores alone let a clean rank's run of high jitter draws through (a rank of a
     # 4-rank job jittering ±15 % a step: ~3 standard deviations over ~12 steps, about once in
     # 10,000 clean steps): the spread of 4 ranks reads ~1.4x low. Over 12,000 steps of real
-    # clean 4-rank jobs a rank's sum reached 5-26 (a quiet host's hiccups add up; its ranks
+    # clean 4-rank jobs a rank's sum reached 4-16 (a quiet host's hiccups add up; its ranks
     # are seldom persistent outliers), and the four runs that had been reported as
     # stragglers carried 2-8. On the real-job fault matrix every straggler found before is
     # still found (16 missed one intermittent straggler more), and its clean ranks' sums stay
@@ -72,7 +74,7 @@ class StragglerConfig:
     # decides most reports. In a job jittering ±15 % a step a 1.1x straggler needs ~40 steps,
     # a 1.25x one 15-21, a 1.5x one 6-7.
     evidence_allowance: float = 0.5
-    evidence_clip: float = 6.0
+    evidence_clip: float = 4.0
     evidence_steps: int = 48
     evidence_threshold: float = 12.0
     # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
