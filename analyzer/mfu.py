@@ -96,14 +96,14 @@ def find_drops(
             continue  # the same episode: the baseline window still holds the old level
         lo = max(0, first - cfg.recent_steps - cfg.baseline_steps + 1)
         level = float(before[first])
-        change = _change_point(series[lo : first + 1], level * (1.0 - cfg.min_drop / 2)) + lo
+        change = _change_point(series[lo : first + 1], _recovery_level(level, cfg)) + lo
         detect = first + cfg.recent_steps - 1
         if times is not None:
             lasted = _lasted(series, times, change, detect, level, cfg)
             if lasted is None:
                 continue
             detect = lasted
-        recovered = np.flatnonzero(series[change:] >= level * (1.0 - cfg.min_drop / 2))
+        recovered = np.flatnonzero(series[change:] >= _recovery_level(level, cfg))
         end = change + int(recovered[0]) - 1 if recovered.size else series.size - 1
         drops.append(
             Drop(
@@ -137,7 +137,7 @@ def _lasted(
         return None
     at = detect + int(reached[0])
     recent = np.lib.stride_tricks.sliding_window_view(series[detect - r + 1 : at + 1], r)
-    if (robust.nanmedian(recent, 1) >= level * (1.0 - cfg.min_drop / 2)).any():
+    if (robust.nanmedian(recent, 1) >= _recovery_level(level, cfg)).any():
         return None
     return at
 
@@ -145,7 +145,13 @@ def _lasted(
 def still_down(recent: F64, level: float, cfg: config_mod.MfuConfig) -> bool:
     """Whether the median of the newest `recent_steps` values is still below the baseline
     `level` by half the minimum drop (`_lasted`'s test, one step at a time: streaming)."""
-    return bool(np.nanmedian(recent[-cfg.recent_steps :]) < level * (1.0 - cfg.min_drop / 2))
+    return bool(np.nanmedian(recent[-cfg.recent_steps :]) < _recovery_level(level, cfg))
+
+
+def _recovery_level(level: float, cfg: config_mod.MfuConfig) -> float:
+    """The value from which a series dropped from baseline `level` counts as back: half the
+    minimum drop below it."""
+    return level * (1.0 - cfg.min_drop / 2)
 
 
 def _change_point(values: F64, low: float) -> int:

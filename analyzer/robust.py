@@ -43,8 +43,7 @@ def robust_center_scale(
         return _center_scale(values, scale_floor, pool)
     center = np.empty_like(values)
     scale = np.empty_like(values)
-    for group in np.unique(groups):
-        cols = np.flatnonzero(groups == group)
+    for cols in group_columns(groups):
         c, s = _center_scale(values[:, cols], scale_floor, pool)
         center[:, cols] = c
         scale[:, cols] = s
@@ -65,9 +64,7 @@ def _center_scale(
     values: FloatArray, scale_floor: float, pool: tuple[int, int] = (1, 1)
 ) -> tuple[FloatArray, FloatArray]:
     median = nanmedian(values, 1, keepdims=True)
-    deviations = np.abs(values - median)
-    rows = pool_rows(values.shape[1], *pool)
-    mad = pooled_median(deviations, rows) if rows > 1 else nanmedian(deviations, 1, keepdims=True)
+    mad = pooled_mad(values - median, pool_rows(values.shape[1], *pool))
     scale = np.maximum(MAD_TO_SIGMA * mad, scale_floor * np.abs(median))
     scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny)
     return median, scale
@@ -77,6 +74,13 @@ def pool_rows(columns: int, min_samples: int, max_rows: int) -> int:
     """How many rows a scale over `columns` columns pools: enough for `min_samples`
     deviations, at most `max_rows` (1: each row alone)."""
     return max(1, min(max_rows, -(-min_samples // max(columns, 1))))
+
+
+def pooled_mad(deviations: FloatArray, rows: int) -> FloatArray:
+    """[steps, 1]: the median absolute value of `deviations` (already about their centre)
+    pooled over each row and its `rows - 1` predecessors (1: each row alone)."""
+    spread = np.abs(deviations)
+    return pooled_median(spread, rows) if rows > 1 else nanmedian(spread, 1, keepdims=True)
 
 
 def pooled_median(values: FloatArray, rows: int) -> FloatArray:
@@ -215,13 +219,13 @@ def others_median(values: FloatArray, groups: npt.NDArray[np.integer] | None = N
         if cols.size > LEAVE_ONE_OUT_COLUMNS:
             out[:, cols] = nanmedian(block, 1, keepdims=True)
             continue
-        for i, col in enumerate(cols.tolist()):
-            if cols.size > 1:
-                out[:, col] = nanmedian(np.delete(block, i, axis=1), 1)
+        for i, col in enumerate(cols.tolist() if cols.size > 1 else []):
+            out[:, col] = nanmedian(np.delete(block, i, axis=1), 1)
     return out
 
 
 def group_columns(groups: npt.NDArray[np.integer]) -> list[npt.NDArray[np.intp]]:
+    """The columns of each group, groups in ascending order."""
     return [np.flatnonzero(groups == g) for g in np.unique(groups)]
 
 

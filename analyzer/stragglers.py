@@ -323,11 +323,7 @@ def accumulated_excess(
     for cols in groups:
         rows = robust.pool_rows(cols.size, cfg.scale_samples, cfg.evidence_steps)
         deviations = deviation[:, cols]
-        spread = np.abs(deviations)
-        if rows > 1:
-            mad = robust.pooled_median(spread, rows)
-        else:  # enough ranks: each step's own
-            mad = robust.nanmedian(spread, 1, keepdims=True)
+        mad = robust.pooled_mad(deviations, rows)
         with np.errstate(invalid="ignore"):
             x[:, cols] = deviations / np.fmax(robust.MAD_TO_SIGMA * mad, cfg.scale_floor)
     clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
