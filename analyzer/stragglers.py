@@ -1,7 +1,9 @@
 """Straggler detection: compute-vs-wait decomposition, robust per-step scores and persistence.
 
 In synchronous training the slow rank arrives last at each collective and waits least, so step time
-cannot tell it apart; compute time (step minus exposed communication wait minus data time) can.
+cannot tell it apart; compute time (step minus exposed communication wait, data time and wait for
+a CPU; unknown where that wait overlapped the communication wait, `StepArrays.known_compute_s`)
+can.
 Every step, each rank's compute and data-loading time (averaged over its last `smooth_steps` steps,
 the largest left out) is scored against the other ranks (median/MAD, within its pipeline stage when
 it has 3 ranks or more; smaller stages are scored together, and there a stage slow as a whole is
@@ -112,7 +114,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
             **(pool if pooled else {}),
         )
 
-    compute = smooth(a.compute_s())
+    compute = smooth(a.known_compute_s())
     c_flags, c_z, c_med = outliers(compute, stages)
     wait = smooth(a.comm_wait_s)
     c_flags |= _corroborated(compute, c_z, c_med, wait, stages, step_time, cfg)
@@ -313,7 +315,7 @@ def accumulated_excess(
     over the robust scale of those deviations pooled over the group's ranks and last steps
     (at least `scale_samples` of them), clipped, less the allowance a step, summed over the
     best run of its last 1..`evidence_steps` steps."""
-    compute = a.compute_s()
+    compute = a.known_compute_s()
     stages = stage_groups(a.stages)
     with np.errstate(all="ignore"):
         step_time = robust.nanmedian(a.step_time_s, 1, keepdims=True)
@@ -466,7 +468,7 @@ def _signal(
     if kind is Kind.STRAGGLER:
         if starved and a.cpu_wait_s is not None:
             return a.cpu_wait_s, "cpu_wait_time"
-        return a.compute_s(), "compute_time"
+        return a.known_compute_s(), "compute_time"
     return a.data_s, "data_time"
 
 
