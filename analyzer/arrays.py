@@ -96,11 +96,7 @@ class StepArrays:
         Computed once and cached: treat the arrays as read-only after the first call.
         """
         if self._compute is None:
-            out = self.step_time_s - self.comm_wait_s - self.data_s
-            if self.cpu_wait_s is not None:
-                out -= np.nan_to_num(self.cpu_wait_s)
-            np.maximum(out, 0.0, out=out)
-            self._compute = out
+            self._compute = np.maximum(self._remainder(), 0.0)
         return self._compute
 
     def known_compute_s(self) -> F32:
@@ -114,15 +110,20 @@ class StepArrays:
         read this; cached as `compute_s` is.
         """
         if self._known_compute is None:
-            out = self.compute_s()
+            compute = self.compute_s()
             if self.cpu_wait_s is not None:
-                cpu_wait = np.nan_to_num(self.cpu_wait_s)
-                raw = self.step_time_s - self.comm_wait_s - self.data_s - cpu_wait
-                overlapped = (raw < 0) & (cpu_wait > 0)
+                overlapped = (self._remainder() < 0) & (np.nan_to_num(self.cpu_wait_s) > 0)
                 if overlapped.any():
-                    out = np.where(overlapped, np.float32(np.nan), out).astype(out.dtype)
-            self._known_compute = out
+                    compute = np.where(overlapped, np.float32(np.nan), compute)
+            self._known_compute = compute
         return self._known_compute
+
+    def _remainder(self) -> F32:
+        """Step time minus exposed comm wait, data time and CPU wait, unclipped."""
+        out = self.step_time_s - self.comm_wait_s - self.data_s
+        if self.cpu_wait_s is not None:
+            out -= np.nan_to_num(self.cpu_wait_s)
+        return out
 
     def job_mfu(self) -> npt.NDArray[np.float64]:
         """Per-step MFU of the job (mean over ranks); falls back to throughput when MFU is 0."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.analyzer import recorded
 from tests.support import simulator as sim
 from vigil import flops, schema
 from vigil.analyzer import arrays, config, engine, mfu, streaming
@@ -322,14 +323,7 @@ def test_a_throughput_dip_over_within_seconds_is_no_drop(mode: str) -> None:
     no minimum duration the short dip was reported too."""
 
     def drops(records: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:
-        if mode == "offline":
-            return [f for f in engine.analyze_records(records, cfg) if f.kind == "mfu_drop"]
-        analyzer = streaming.StreamingAnalyzer(cfg)
-        by_step: dict[int, list[schema.Record]] = {}
-        for r in records:
-            by_step.setdefault(getattr(r, "step", -1), []).append(r)
-        found = [f for step in sorted(by_step) for f in analyzer.observe(by_step[step])]
-        return [f for f in found if f.kind == "mfu_drop"]
+        return [f for f in recorded.analyse(mode, records, cfg) if f.kind == "mfu_drop"]
 
     short, held = _dipping_job(30), _dipping_job(300)
     default = config.AnalyzerConfig()
