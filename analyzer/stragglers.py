@@ -40,7 +40,7 @@ import numpy.typing as npt
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, groups, imbalance, robust
+from vigil.analyzer import findings, groups, imbalance, robust, shape
 
 Kind = schema.FindingKind
 
@@ -405,6 +405,8 @@ def rank_finding(
             note="flagged / steps in range",
         ),
     ]
+    spread = shape.of(_peer_ratios(a, values, rows, col))
+    ev.extend(shape.evidence(spread))
     note = ""
     if kind is Kind.STRAGGLER:
         ev.extend(_arrival_evidence(a, rows, col))
@@ -415,8 +417,12 @@ def rank_finding(
     what = {Kind.STRAGGLER: "compute straggler", Kind.DATA_STALL: "data-loader stall"}[kind]
     if starved:
         what = "straggler waiting for a CPU (another process on its host takes its CPU time)"
+    headline = f", {label} {ratio:.2f}x the median"
+    if spread.kind is shape.Kind.INTERMITTENT:  # the median is what its usual steps look like
+        what, headline = f"intermittent {what}", ""
     summary = (
-        f"rank {rank}{f' on {node}' if node else ''}: {what}, {label} {ratio:.2f}x the median{note}"
+        f"rank {rank}{f' on {node}' if node else ''}: {what}{headline}"
+        f"{shape.phrase(spread, label)}{note}"
         + (_held_up(a, col) if kind is Kind.STRAGGLER else "")
     )
     return findings.make_finding(
@@ -437,6 +443,19 @@ def rank_finding(
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
     )
+
+
+def _peer_ratios(
+    a: arrays_mod.StepArrays, values: robust.FloatArray, rows: slice, col: int
+) -> robust.FloatArray:
+    """Per step of the episode, the rank's value over the median of its scoring group's other
+    ranks (`stage_groups`); NaN or inf where either is unknown or the peers' is 0."""
+    stages = stage_groups(a.stages)
+    peers = np.arange(a.num_ranks) if stages is None else np.flatnonzero(stages == stages[col])
+    peers = peers[peers != col]
+    with np.errstate(all="ignore"):
+        others = robust.nanmedian(values[rows][:, peers].astype(np.float64), 1)
+        return np.asarray(values[rows, col] / others, dtype=np.float64)
 
 
 def _held_up(a: arrays_mod.StepArrays, col: int) -> str:

@@ -33,10 +33,13 @@ step to the finding's `detected_s`); culprit accuracy is whether the first findi
 names exactly the culprit. Precision counts every finding of every kind: correct ones name the
 culprit with an acceptable kind (for a straggler also mfu_drop); every finding on a clean job is
 false (`clean_false_findings`; `clean_steps` counts their steps, once per mode, and
-`false_findings_per_10k_steps` relates the two). The last line is one JSON object with precision,
-recall, culprit_accuracy, kind_accuracy, clean_false_findings, clean_steps,
-false_findings_per_10k_steps, median_latency_steps, cases (pooled over both modes), and the same
-per mode and for the targeted subsets (stragglers >= 1.25x, hangs, stragglers at 1.1x).
+`false_findings_per_10k_steps` relates the two). `shape_accuracy`: of the stragglers and data
+stalls found, the share whose first finding said the fault's shape (analyzer/shape.py: an
+intermittent straggler intermittent, a ramp growing, the rest steady). The last line is one
+JSON object with precision, recall, culprit_accuracy, kind_accuracy, clean_false_findings,
+clean_steps, false_findings_per_10k_steps, median_latency_steps, shape_accuracy, cases (pooled
+over both modes), and the same per mode and for the targeted subsets (stragglers >= 1.25x,
+hangs, stragglers at 1.1x).
 
 `--long STEPS` runs only the clean jobs, each STEPS steps long, with a hiccup every 50 steps: a
 false alarm rare enough to miss in 40-step jobs shows over thousands of steps, as it would over
@@ -317,6 +320,27 @@ class Score:
     correct: int = 0
     latency_steps: float | None = None
     latency_s: float | None = None
+    # The shape the case's fault has (`expected_shape`) and the one its first finding of a
+    # straggler or data-stall kind naming the culprit said (`said_shape`); None: not judged.
+    want_shape: str | None = None
+    shape: str | None = None
+
+
+def expected_shape(spec: Spec) -> str | None:
+    """How the fault's slowness is spread over its steps (analyzer/shape.py's words); None for a
+    fault without one (hangs, crashes, links, the neighbour's bursty CPU share)."""
+    if spec.group.startswith("intermittent"):
+        return "intermittent"
+    if spec.group.startswith("ramp"):
+        return "growing"
+    return "steady" if spec.group.startswith(("straggler ", "data stall")) else None
+
+
+def said_shape(finding: dict[str, Any]) -> str:
+    metrics = {e["metric"] for e in finding["evidence"]}
+    if "slow_steps" in metrics:
+        return "intermittent"
+    return "growing" if "trend" in metrics else "steady"
 
 
 def score(
@@ -339,6 +363,10 @@ def score(
     s.detected = True
     s.culprit_ok = _names(spec, unique[0])
     s.kind_ok = naming[0]["kind"] == spec.kind
+    slow = [f for f in naming if f["kind"] in ("straggler", "data_stall")]
+    s.want_shape = expected_shape(spec)
+    if s.want_shape and slow:
+        s.shape = said_shape(slow[0])
     detected = float(naming[0].get("detected_s") or 0.0)
     if detected and onset_s == onset_s:
         s.latency_s = round(detected - onset_s, 2)
@@ -369,6 +397,7 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
     clean = [s for s in scores if s.spec.kind == "clean"]
     false = sum(len(s.findings) for s in clean)
     clean_steps = sum(int(s.spec.case["steps"]) for s in clean)
+    shaped = [s for s in detected if s.shape is not None]
     return {
         "cases": len(scores),
         "precision": round(correct / findings, 3) if findings else 1.0,
@@ -388,6 +417,10 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
         "median_latency_steps": statistics.median(lat) if lat else None,
         "median_latency_s": round(statistics.median(lat_s), 2) if lat_s else None,
         "max_latency_s": max(lat_s) if lat_s else None,
+        # Of the stragglers and stalls found, the share whose finding said the fault's shape.
+        "shape_accuracy": round(sum(s.shape == s.want_shape for s in shaped) / len(shaped), 3)
+        if shaped
+        else None,
     }
 
 
@@ -528,6 +561,12 @@ def report(scores: list[Score]) -> None:
         print(_line(f"kind {name}", summarise(items)))
     for name, items in wrappers.items():
         print(_line(f"wrapper {name}", summarise(items)))
+    said: dict[tuple[str, str], int] = defaultdict(int)
+    for s in scores:
+        if s.want_shape and s.shape:
+            said[(s.want_shape, s.shape)] += 1
+    print("shape (fault: what its finding said):", ", ".join(
+        f"{want}: {n} {got}" for (want, got), n in sorted(said.items())))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ public SDK, under each parallel wrapper (DDP, FSDP2, DTensor TP, a 1F1B pipeline
 calling dist.all_reduce). Each wrapper's launch runs its cases in turn: a clean jittery job, and
 a 2x straggler in each position (before forward / a slow forward layer in the pipeline, a slow
 layer in backward, the optimizer step, data loading inside `span("data")`); the pipeline's
-launch also a 1.25x stage in the compute positions. Every case is
+launch also a 1.25x stage in the compute positions, the plain loop's an intermittent straggler
+(2x every 4th step) and a ramp (1 % of a step more each step). Every case is
 analysed with `vigil analyze --json` as a user runs it. Hangs and a crash run on the plain loop
 and DDP. The full matrix, with magnitudes down to 1.1x and the online analyzer, is
 `bench/faults.py`.
@@ -65,6 +66,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 # 40 faulty steps: at 28, a stage was missed in about one run in ten (its
                 # flags, ~z 4 on 2 shared cores, reached 8 of 12 steps late or not at all).
                 cases.append({"job": f"pp-{where}-1.25", "steps": 48, "seed": 5, "fault": fault})
+        if wrapper == "plain":  # the shape of a rank's slowness: some steps, or more and more
+            every = {"kind": "slow", "rank": 3, "factor": 2.0, "every": 4}
+            ramp = {"kind": "slow", "rank": 2, "ramp": 0.01}
+            cases.append({"job": "plain-intermittent", "steps": 36, "seed": 6, "fault": every})
+            cases.append({"job": "plain-ramp", "steps": 46, "seed": 6, "fault": ramp})
         result = launcher.launch(wrapper, cases, out, progress_dir=pages, timeout_s=400)
         assert result.exit_codes == [0, 0, 0, 0], f"{wrapper}: see {result.logs}"
     return {p.name: p for p in out.iterdir() if p.is_dir()}
@@ -90,6 +96,21 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
         wait = next(e for e in finding["evidence"] if e["metric"] == "comm_wait_time")
         assert wait["observed"] < wait["baseline"]  # the straggler waits least
     assert finding["step_start"] <= 8 + 20  # reported within 20 steps of the fault's onset
+    assert "intermittent" not in finding["summary"] and "growing" not in finding["summary"]
+
+
+@pytest.mark.parametrize(
+    ("job", "rank", "says"),
+    [("plain-intermittent", 3, "(every 4th step;"), ("plain-ramp", 2, ", growing from ")],
+)
+def test_a_straggler_says_whether_it_is_slow_now_and_then_or_more_and_more(
+    runs: dict[str, Path], job: str, rank: int, says: str
+) -> None:
+    """2x every 4th step reads ~1.1x in the episode's median, and a ramp its average: the
+    summary says how the slowness is spread (analyzer/shape.py)."""
+    found = _analyze(runs[job])
+    assert _named(found) == [("straggler", (rank,))], [f["summary"] for f in found]
+    assert says in found[0]["summary"], found[0]["summary"]
 
 
 @pytest.mark.parametrize("where", PP_QUARTER)

@@ -1,0 +1,186 @@
+"""How a straggler's excess is spread over its episode: steady, intermittent or growing.
+
+A finding's headline is the rank's median over the episode's steps, which says what most steps
+looked like. Two common faults hide behind it: a rank slow only in some steps (a periodic job on
+its host, a garbage-collection pause every N steps, an uneven data shard) reads as a few percent
+over its peers, and a rank slowing step after step (a leak, a throttling GPU) reads as its
+average. `of` reads the per-step ratios of the rank's value to its peers' median and says which;
+`phrase` and `evidence` put it in the finding:
+
+- growing: a robust line (Theil-Sen) through the ratios ends `GROWTH` x higher than it starts
+  and the ratios rise in order (Kendall's tau at least `MIN_TAU`: ~3 standard deviations of a
+  trendless 30-step episode's tau);
+- intermittent: at least `MIN_SLOW_STEPS` steps, at most half of them, at `SLOW_RATIO` x the
+  peers' median or more and `SLOW_SPREADS` robust spreads above the episode's median, while the
+  other steps' median stays below `SLOW_RATIO` x and the slow steps carry `SLOW_SHARE` of the
+  rank's whole excess (a steady straggler's noisy steps carry a small part of it); with a
+  period when `PERIOD_SHARE` of the slow steps fall on one phase of it and that phase's steps
+  are that share slow;
+- steady: anything else, and any episode too short to tell.
+
+The thresholds were read off real 4-rank gloo jobs (`bench/faults.py`, 5 wrappers, 4 matrices:
+no steady straggler was called anything else; 15 of 16 intermittent ones and 14 of 16 ramps
+were named, the rest read steady). Pure numpy; the shape describes a finding and never decides
+whether there is one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from vigil import schema
+from vigil.analyzer import findings, robust
+
+# Growing: the fitted ratio at the last step over the first's (from at least 1x) ...
+GROWTH = 1.3
+# ... and Kendall's tau of the ratios against the step order.
+MIN_TAU = 0.4
+# Intermittent: the slow steps (a hiccup or two is not a pattern) ...
+MIN_SLOW_STEPS = 3
+SLOW_RATIO = 1.5
+SLOW_SPREADS = 4.0
+# ... carry this share of the rank's excess over its peers.
+SLOW_SHARE = 2 / 3
+# A period: this share of the slow steps on one phase, and of that phase's steps slow.
+PERIOD_SHARE = 0.75
+MAX_PERIOD = 16
+# Theil-Sen over the last this many steps at most (pairs grow as the square).
+MAX_TREND_STEPS = 256
+
+
+class Kind(enum.StrEnum):
+    STEADY = "steady"
+    INTERMITTENT = "intermittent"
+    GROWING = "growing"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """An episode's shape: its kind, the steps it was read from, and the kind's own figures."""
+
+    kind: Kind
+    num_steps: int
+    # Intermittent: how many steps were slow, every `period`-th (0: no period), and the median
+    # ratio of the slow steps and of the others.
+    num_slow: int = 0
+    period: int = 0
+    slow_ratio: float = float("nan")
+    other_ratio: float = float("nan")
+    # Growing: the fitted ratio at the episode's first and last step, and Kendall's tau.
+    start_ratio: float = float("nan")
+    end_ratio: float = float("nan")
+    tau: float = float("nan")
+
+
+def of(ratios: robust.FloatArray) -> Shape:
+    """The shape of one rank's episode from its per-step ratios to its peers' median (NaN: not
+    known that step)."""
+    r = np.asarray(ratios, dtype=np.float64)
+    steps = np.flatnonzero(np.isfinite(r))
+    r = r[steps]
+    if r.size < 2 * MIN_SLOW_STEPS:
+        return Shape(kind=Kind.STEADY, num_steps=int(r.size))
+    grown = _growing(steps, r)
+    if grown is not None:
+        return grown
+    return _intermittent(steps, r) or Shape(kind=Kind.STEADY, num_steps=int(r.size))
+
+
+def _growing(steps: np.ndarray, r: np.ndarray) -> Shape | None:
+    x, y = steps[-MAX_TREND_STEPS:].astype(np.float64), r[-MAX_TREND_STEPS:]
+    i, j = np.triu_indices(y.size, 1)
+    dx, dy = x[j] - x[i], y[j] - y[i]
+    tau = float(np.mean(np.sign(dy)))
+    slope = float(np.median(dy / dx))
+    intercept = float(np.median(y - slope * x))
+    start, end = intercept + slope * x[0], intercept + slope * x[-1]
+    if tau < MIN_TAU or end < GROWTH * max(start, 1.0):
+        return None
+    return Shape(
+        kind=Kind.GROWING, num_steps=int(y.size), start_ratio=start, end_ratio=end, tau=tau
+    )
+
+
+def _intermittent(steps: np.ndarray, r: np.ndarray) -> Shape | None:
+    median = float(np.median(r))
+    spread = robust.MAD_TO_SIGMA * float(np.median(np.abs(r - median)))
+    slow = (r >= SLOW_RATIO) & (r >= median + SLOW_SPREADS * spread)
+    num_slow = int(slow.sum())
+    if num_slow < MIN_SLOW_STEPS or num_slow > r.size // 2:
+        return None
+    excess = np.clip(r - 1.0, 0.0, None)
+    other = float(np.median(r[~slow]))
+    if other >= SLOW_RATIO or excess[slow].sum() < SLOW_SHARE * excess.sum():
+        return None  # slow in every step, or the slow steps are a steady straggler's noise
+    return Shape(
+        kind=Kind.INTERMITTENT,
+        num_steps=int(r.size),
+        num_slow=num_slow,
+        period=_period(steps, slow),
+        slow_ratio=float(np.median(r[slow])),
+        other_ratio=other,
+    )
+
+
+def _period(steps: np.ndarray, slow: np.ndarray) -> int:
+    """The shortest period (2..`MAX_PERIOD`) one phase of which holds `PERIOD_SHARE` of the
+    slow steps while that share of its own steps are slow; 0: none."""
+    at = steps[slow]
+    for period in range(2, MAX_PERIOD + 1):
+        phases = np.bincount(at % period, minlength=period)
+        phase = int(np.argmax(phases))
+        on_phase = steps % period == phase
+        if phases[phase] < MIN_SLOW_STEPS or phases[phase] < PERIOD_SHARE * at.size:
+            continue
+        if phases[phase] >= PERIOD_SHARE * int(on_phase.sum()):
+            return period
+    return 0
+
+
+def phrase(s: Shape, label: str) -> str:
+    """How the finding's summary says the shape, after its headline (an intermittent one's
+    replaces the median, which is what its usual steps look like): `label` is the headline's
+    metric (`compute_time`); '' for a steady episode (the median says it)."""
+    if s.kind is Kind.INTERMITTENT:
+        every = f"every {_ordinal(s.period)} step; " if s.period else ""
+        return (
+            f", {label} {s.slow_ratio:.2f}x its peers' median in {s.num_slow} of {s.num_steps} "
+            f"steps ({every}{s.other_ratio:.2f}x in the others)"
+        )
+    if s.kind is Kind.GROWING:
+        return f", growing from {s.start_ratio:.2f}x to {s.end_ratio:.2f}x its peers' median"
+    return ""
+
+
+def evidence(s: Shape) -> list[schema.Evidence]:
+    """The shape's own numbers, as a finding's evidence (none for a steady episode)."""
+    if s.kind is Kind.INTERMITTENT:
+        every = f" (every {_ordinal(s.period)} step)" if s.period else ""
+        return [
+            findings.evidence(
+                "slow_steps",
+                s.num_slow,
+                s.num_steps,
+                note=f"steps at {SLOW_RATIO}x its peers' median or more / the episode's "
+                f"steps{every}; those at {s.slow_ratio:.2f}x, the others at {s.other_ratio:.2f}x",
+            )
+        ]
+    if s.kind is Kind.GROWING:
+        return [
+            findings.evidence(
+                "trend",
+                s.end_ratio,
+                s.start_ratio,
+                note="its ratio to its peers' median at the episode's last vs first step "
+                f"(Theil-Sen line; Kendall tau {s.tau:.2f})",
+            )
+        ]
+    return []
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

@@ -1,0 +1,106 @@
+"""A straggler finding says whether its rank is slow in every step, only in some, or more and
+more: `shape.of` on per-step ratios, and the findings of two real jobs.
+
+data/jsonl_shapes/ holds two real 4-rank gloo jobs of `bench/faults.py` (`tests/realjobs/
+train.py`, the SDK's own JSONL): DDP whose rank 3 is 2x slow every 4th step from step 8, and
+tensor parallelism whose rank 2 slows by 1 % of a step more each step from step 8. Their
+findings' headline median reads 1.09x and 2.34x: the first hides that the rank doubles its
+step every 4th step, the second that it keeps getting worse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.analyzer import recorded
+from vigil.analyzer import shape
+
+SHAPES = recorded.DATA / "jsonl_shapes"
+
+
+def _noisy(n: int, level: float, seed: int, share: float = 0.15) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return level * (1.0 + share * rng.uniform(-1.0, 1.0, n))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_steady_straggler_is_steady(seed: int) -> None:
+    ratios = _noisy(30, 1.3, seed)
+    ratios[seed % 30] = 3.0  # a hiccup
+    assert shape.of(ratios).kind is shape.Kind.STEADY
+
+
+def test_slow_every_fourth_step_is_intermittent_with_its_period() -> None:
+    ratios = _noisy(28, 1.0, 1, share=0.1)
+    ratios[3::4] = _noisy(7, 2.3, 2, share=0.1)
+    ratios[10] = np.nan  # a step it did not report
+    s = shape.of(ratios)
+    assert (s.kind, s.num_slow, s.num_steps, s.period) == (shape.Kind.INTERMITTENT, 7, 27, 4)
+    assert 2.0 < s.slow_ratio < 2.6 and 0.9 < s.other_ratio < 1.1
+    assert shape.phrase(s, "compute_time") == (
+        f", compute_time {s.slow_ratio:.2f}x its peers' median in 7 of 27 steps "
+        f"(every 4th step; {s.other_ratio:.2f}x in the others)"
+    )
+    (ev,) = shape.evidence(s)
+    assert (ev.metric, ev.observed, ev.baseline) == ("slow_steps", 7, 27)
+
+
+def test_slow_steps_at_no_period_are_intermittent_without_one() -> None:
+    ratios = _noisy(40, 1.0, 3, share=0.1)
+    ratios[[2, 9, 11, 23, 31]] = 3.0
+    s = shape.of(ratios)
+    assert (s.kind, s.num_slow, s.period) == (shape.Kind.INTERMITTENT, 5, 0)
+    assert "every" not in shape.phrase(s, "compute_time")
+
+
+def test_slow_in_every_step_with_worse_spikes_is_not_intermittent() -> None:
+    ratios = _noisy(40, 6.0, 4)  # a rank starved of CPU all along, far worse now and then
+    ratios[::5] = 150.0
+    assert shape.of(ratios).kind is shape.Kind.STEADY
+
+
+def test_a_rank_slowing_step_after_step_is_growing() -> None:
+    ratios = np.linspace(1.1, 1.7, 31) * _noisy(31, 1.0, 5, share=0.08)
+    s = shape.of(ratios)
+    assert s.kind is shape.Kind.GROWING and s.tau >= shape.MIN_TAU
+    assert 1.0 < s.start_ratio < 1.25 and 1.55 < s.end_ratio < 1.85
+    (ev,) = shape.evidence(s)
+    assert ev.metric == "trend" and ev.observed > ev.baseline
+
+
+def test_a_small_drift_is_not_growth() -> None:
+    ratios = np.linspace(1.5, 1.7, 30) * _noisy(30, 1.0, 6, share=0.02)  # +13 %: in order, small
+    assert shape.of(ratios).kind is shape.Kind.STEADY
+
+
+def test_too_few_steps_say_nothing() -> None:
+    assert shape.of(np.array([1.0, 3.0, 1.0, 3.0, np.nan])).kind is shape.Kind.STEADY
+    assert shape.evidence(shape.of(np.array([]))) == []
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_real_intermittent_straggler_is_called_so(mode: str) -> None:
+    (found,) = recorded.analyse(mode, recorded.records(SHAPES / "ddp-intermittent"))
+    assert recorded.named([found]) == [("straggler", [3])]
+    assert "intermittent compute straggler" in found.summary, found.summary
+    assert "(every 4th step;" in found.summary, found.summary
+    slow = next(e for e in found.evidence if e.metric == "slow_steps")
+    assert slow.baseline is not None and 0.2 <= slow.observed / slow.baseline <= 0.4
+    assert found.evidence[0].metric == "compute_time"  # the headline stays the median
+
+
+def test_a_real_ramp_is_called_growing() -> None:
+    (found,) = recorded.analyse("offline", recorded.records(SHAPES / "tp-ramp"))
+    assert recorded.named([found]) == [("straggler", [2])]
+    assert ", growing from " in found.summary, found.summary
+    trend = next(e for e in found.evidence if e.metric == "trend")
+    assert trend.baseline is not None and trend.observed > 1.5 * trend.baseline
+
+
+def test_a_real_steady_straggler_has_no_shape() -> None:
+    (found,) = recorded.analyse(
+        "offline", recorded.records(recorded.DATA / "jsonl_straggler" / "train-straggler")
+    )
+    assert "intermittent" not in found.summary and "growing" not in found.summary
+    assert not {e.metric for e in found.evidence} & {"slow_steps", "trend"}
