@@ -16,7 +16,9 @@ single steps up to ~5x, up to 15 of 30 steps past 1.5x; a real tbf-limited link:
 step), so it must be `INTRA_HOST_RATIO` x slower in `min_hits` of `window` steps. Its subjects
 are the group's members and their nodes (`a<->b` when they span two). With a single group of
 a kind (one world group) nothing can be compared, and nothing is said; point-to-point pairs are
-not judged (a pipeline's send waits for its receiver's schedule).
+not judged: a pipeline's send waits for its receiver's schedule, and an async op's duration
+ends where the thread waits for it (judged like groups, the pairs of real 1F1B jobs read
+4.5-10.6x their peers beside a slow stage and under CPU load, with no slow link).
 Pure numpy over `StepArrays` that carry their aggregates.
 """
 
