@@ -165,10 +165,18 @@ def _change_point(values: F64, low: float) -> int:
     return int(ok[0]) if ok.size else values.size - 1
 
 
+# The headline metrics of a drop (MFU, or throughput where MFU is unknown): what `folded` adds.
+METRICS = frozenset({"mfu", "tokens_per_second"})
+
+
+def headline_metric(a: arrays_mod.StepArrays) -> str:
+    return "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
+
+
 def detect(a: arrays_mod.StepArrays, cfg: config_mod.MfuConfig) -> list[schema.Finding]:
     """MFU-drop findings for one job, each attributed to a cause."""
     series = a.job_mfu()
-    metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
+    metric = headline_metric(a)
     drops = find_drops(series, cfg, (a.step_start_s, a.step_end_s))
     return [drop_finding(a, d, metric, cfg) for d in drops]
 

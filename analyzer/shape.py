@@ -27,6 +27,7 @@ whether there is one.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +139,14 @@ def _period(steps: np.ndarray, slow: np.ndarray) -> int:
         if phases[phase] >= PERIOD_SHARE * int(on_phase.sum()):
             return period
     return 0
+
+
+def said(evidence: Sequence[schema.Evidence]) -> Kind:
+    """The shape a finding's evidence says (`evidence` wrote it)."""
+    metrics = {e.metric for e in evidence}
+    if "slow_steps" in metrics:
+        return Kind.INTERMITTENT
+    return Kind.GROWING if "trend" in metrics else Kind.STEADY
 
 
 def phrase(s: Shape, label: str) -> str:

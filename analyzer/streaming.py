@@ -8,7 +8,9 @@ analysed once every known rank reported it, or once 90 % of ranks reported a ste
 Analysing one step scores its row (median/MAD over ranks, vectorised), updates the rolling
 persistence counts, and only when a rank newly becomes persistent (or, every `RETRY_STEPS`
 steps, while a persistent rank has no finding yet) runs the same array detectors as offline
-analysis over the window, so streaming and `vigil analyze` agree. `tick(now_s)`
+analysis over the window, so streaming and `vigil analyze` agree; an open straggler or
+data-stall finding is re-described from the window every persistence window of steps and re-sent
+when that says more (`REDESCRIBE_CHANGE`: a ramp keeps growing). `tick(now_s)`
 checks for hangs when no records arrive. Findings are returned with stable ids (re-sent when
 resolved); the collector upserts them. Pure: no I/O, no clocks, no threads; not thread-safe
 (the collector calls it from one task).
@@ -26,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vigil import columns, schema
-from vigil.analyzer import aggcols, hangs, imbalance, links, mfu, robust, stragglers
+from vigil.analyzer import aggcols, hangs, imbalance, links, mfu, robust, shape, stragglers
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
 from vigil.analyzer import window as window_mod
@@ -48,6 +50,12 @@ RANKS_PER_JUDGED_STEP = 256
 MAX_WINDOW_STEPS = 1024
 MAX_WINDOW_CELLS = 64 * 10_000
 BATCHES_HELD = 4
+# An open straggler or data-stall finding is re-described from the window every persistence
+# window of steps (every 10 such windows per 10,000 ranks: a detection costs ~0.1 s there), and
+# re-sent when its shape changed or its headline ratio moved by this share: a ramp keeps
+# growing, and an intermittent straggler's pattern shows only after a few of its periods.
+REDESCRIBE_CHANGE = 0.25
+RANKS_PER_REDESCRIBE_WINDOW = 1024
 
 
 class _JobStream:
@@ -247,6 +255,8 @@ class _JobStream:
         if newly or retry:
             out.extend(self._detect_window())
             self.unreported = self._unreported()
+        elif self.num_analysed % self.redescribe_every() == 0:
+            out.extend(self._redescribe())
         out.extend(self._close_finished())
         out.extend(self._mfu(step, job_mfu, span_s[1]))
         if self.num_analysed % self.judge_every() == 0:
@@ -302,6 +312,33 @@ class _JobStream:
             if key not in self.open:
                 self.open[key] = finding
                 out.append(finding)
+        return out
+
+    def redescribe_every(self) -> int:
+        """Steps between re-descriptions of the open rank findings (`REDESCRIBE_CHANGE`)."""
+        ranks = max(self.window.num_ranks, 1)
+        return self.cfg.straggler.window * -(-ranks // RANKS_PER_REDESCRIBE_WINDOW)
+
+    def _redescribe(self) -> list[schema.Finding]:
+        """Open straggler and data-stall findings as the window now shows their episode, where
+        that says something else (`_says_more`): re-sent under their ids, with their first
+        step, detection time and folded MFU evidence kept."""
+        if not any(kind in stragglers.RANK_KINDS for kind, _, _ in self.open):
+            return []
+        a = self.window.view(self.analysed)
+        warmup = self.cfg.straggler.warmup_steps - (self.num_analysed - len(self.analysed))
+        out = []
+        for fresh in stragglers.detect(
+            a, self.cfg.straggler, warmup_rows=warmup, began_s=self.began
+        ):
+            if fresh.step_end < self.analysed[-1] - self.cfg.straggler.window:
+                continue  # an episode that already ended inside the window
+            key = _key(fresh)
+            old = self.open.get(key)
+            if old is None or not _says_more(old, fresh):
+                continue
+            self.open[key] = _carried(old, fresh)
+            out.append(self.open[key])
         return out
 
     def _unreported(self) -> bool:
@@ -367,8 +404,7 @@ class _JobStream:
                 ):
                     continue
                 a = self.window.view(self.analysed[-len(self.mfu_series) :])
-                metric = "mfu" if np.nansum(np.nan_to_num(a.mfu)) > 0 else "tokens_per_second"
-                found = mfu.drop_finding(a, drop, metric, self.cfg.mfu)
+                found = mfu.drop_finding(a, drop, mfu.headline_metric(a), self.cfg.mfu)
                 self.mfu_pending.append((found, drop.before))
         # Each drop is held until it has lasted `min_drop_s` from its change point, and
         # dropped if it recovers first, as offline (`mfu.find_drops` with step times).
@@ -439,6 +475,33 @@ def _before(
 
 def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
     return (f.kind, tuple(f.subjects.ranks), tuple(f.subjects.nodes))
+
+
+def _says_more(old: schema.Finding, fresh: schema.Finding) -> bool:
+    """Whether `fresh` describes the episode otherwise: another shape, or a headline ratio
+    `REDESCRIBE_CHANGE` away from the reported one."""
+    if shape.said(old.evidence) is not shape.said(fresh.evidence):
+        return True
+    before, now = old.evidence[0], fresh.evidence[0]
+    if before.metric != now.metric or not before.baseline or not now.baseline:
+        return before.metric != now.metric
+    was, ratio = before.observed / before.baseline, now.observed / now.baseline
+    return abs(ratio - was) >= REDESCRIBE_CHANGE * was
+
+
+def _carried(old: schema.Finding, fresh: schema.Finding) -> schema.Finding:
+    """`fresh` under `old`'s id, first step and detection time, with the MFU drop folded into
+    `old` (`mfu.folded`), if any."""
+    have = {e.metric for e in fresh.evidence}
+    kept = [e for e in old.evidence if e.metric in mfu.METRICS and e.metric not in have]
+    return msgspec.structs.replace(
+        fresh,
+        finding_id=old.finding_id,
+        step_start=old.step_start,
+        detected_s=old.detected_s,
+        trace_start_s=old.trace_start_s,
+        evidence=[*fresh.evidence, *kept][: schema.MAX_EVIDENCE],
+    )
 
 
 # The record types the analyzer reads (Findings, Actions, Checkpoints and DiagResults are not

@@ -22,13 +22,18 @@ def records_of(path: Path) -> list[schema.Record]:
 
 
 def streamed(found_in: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:
-    """Fed as the collector feeds them: every rank's records of one step in one batch."""
+    """Fed as the collector feeds them: every rank's records of one step in one batch; each
+    finding ever open, in the last version sent open (the collector upserts re-sent ones)."""
     by_step: dict[int, list[schema.Record]] = defaultdict(list)
     for r in found_in:
         by_step[getattr(r, "step", -1)].append(r)
     analyzer = streaming.StreamingAnalyzer(cfg)
-    found = [f for step in sorted(by_step) for f in analyzer.observe(by_step[step])]
-    return [f for f in found if f.state == schema.FindingState.OPEN]
+    opened: dict[str, schema.Finding] = {}  # each finding ever open, as last re-sent open
+    for step in sorted(by_step):
+        for f in analyzer.observe(by_step[step]):
+            if f.state == schema.FindingState.OPEN:
+                opened[f.finding_id] = f
+    return list(opened.values())
 
 
 def analyse(

@@ -10,11 +10,14 @@ step every 4th step, the second that it keeps getting worse.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 import pytest
 
 from tests.analyzer import recorded
-from vigil.analyzer import shape
+from vigil import schema
+from vigil.analyzer import findings, shape, streaming
 
 SHAPES = recorded.DATA / "jsonl_shapes"
 
@@ -98,9 +101,44 @@ def test_a_real_ramp_is_called_growing() -> None:
     assert trend.baseline is not None and trend.observed > 1.5 * trend.baseline
 
 
+def test_online_an_open_ramp_is_re_sent_as_it_grows() -> None:
+    """The streaming analyzer reports the ramp while it is still ~1.5x and re-describes the
+    open finding from its window later: the same id (the collector upserts it) now growing."""
+    by_step: dict[int, list[schema.Record]] = defaultdict(list)
+    for r in recorded.records(SHAPES / "tp-ramp"):
+        by_step[getattr(r, "step", -1)].append(r)
+    analyzer = streaming.StreamingAnalyzer()
+    sent = [f for step in sorted(by_step) for f in analyzer.observe(by_step[step])]
+    assert len(sent) >= 2 and {f.finding_id for f in sent} == {sent[0].finding_id}, sent
+    first, last = sent[0], sent[-1]
+    assert "growing" not in first.summary and ", growing from " in last.summary, last.summary
+    assert (last.step_start, last.detected_s) == (first.step_start, first.detected_s)
+    assert last.step_end > first.step_end
+
+
 def test_a_real_steady_straggler_has_no_shape() -> None:
     (found,) = recorded.analyse(
         "offline", recorded.records(recorded.DATA / "jsonl_straggler" / "train-straggler")
     )
     assert "intermittent" not in found.summary and "growing" not in found.summary
     assert not {e.metric for e in found.evidence} & {"slow_steps", "trend"}
+
+
+def test_a_re_sent_finding_keeps_its_id_first_step_and_folded_mfu_drop() -> None:
+    def straggler(start: int, ratio: float, *extra: schema.Evidence) -> schema.Finding:
+        head = findings.evidence("compute_time", ratio, 1.0)
+        return findings.make_finding(
+            kind=schema.FindingKind.STRAGGLER, job_id="j", subjects=schema.Subjects(ranks=[2]),
+            step_start=start, step_end=start + 10, summary=f"{ratio}x", evidence=[head, *extra],
+            confidence=0.9, detected_s=float(start),
+        )  # fmt: skip
+
+    old = straggler(16, 1.5, findings.evidence("mfu", 0.2, 0.3))
+    grown = straggler(20, 2.5, findings.evidence("trend", 3.0, 1.6))
+    assert streaming._says_more(old, grown)
+    sent = streaming._carried(old, grown)
+    assert (sent.finding_id, sent.step_start, sent.detected_s) == (old.finding_id, 16, 16.0)
+    assert [e.metric for e in sent.evidence] == ["compute_time", "trend", "mfu"]
+    assert sent.summary == "2.5x" and sent.step_end == 30
+    assert not streaming._says_more(old, straggler(20, 1.7))  # steady, 13 % up: not re-sent
+    assert streaming._says_more(old, straggler(20, 1.9))  # 27 % up
