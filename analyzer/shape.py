@@ -120,15 +120,16 @@ def _intermittent(steps: np.ndarray, r: np.ndarray) -> Shape | None:
         kind=Kind.INTERMITTENT,
         num_steps=int(r.size),
         num_slow=num_slow,
-        period=_period(steps, slow),
+        period=period(steps, slow),
         slow_ratio=float(np.median(r[slow])),
         other_ratio=other,
     )
 
 
-def _period(steps: np.ndarray, slow: np.ndarray) -> int:
+def period(steps: np.ndarray, slow: np.ndarray) -> int:
     """The shortest period (2..`MAX_PERIOD`) one phase of which holds `PERIOD_SHARE` of the
-    slow steps while that share of its own steps are slow; 0: none."""
+    `slow` steps (at least `MIN_SLOW_STEPS`) while that share of its own steps are slow: for
+    each of `steps` (ascending step numbers) whether it was slow; 0: none."""
     at = steps[slow]
     for period in range(2, MAX_PERIOD + 1):
         phases = np.bincount(at % period, minlength=period)
@@ -154,7 +155,7 @@ def phrase(s: Shape, label: str) -> str:
     replaces the median, which is what its usual steps look like): `label` is the headline's
     metric (`compute_time`); '' for a steady episode (the median says it)."""
     if s.kind is Kind.INTERMITTENT:
-        every = f"every {_ordinal(s.period)} step; " if s.period else ""
+        every = f"every {ordinal(s.period)} step; " if s.period else ""
         return (
             f", {label} {s.slow_ratio:.2f}x its peers' median in {s.num_slow} of {s.num_steps} "
             f"steps ({every}{s.other_ratio:.2f}x in the others)"
@@ -167,7 +168,7 @@ def phrase(s: Shape, label: str) -> str:
 def evidence(s: Shape) -> list[schema.Evidence]:
     """The shape's own numbers, as a finding's evidence (none for a steady episode)."""
     if s.kind is Kind.INTERMITTENT:
-        every = f" (every {_ordinal(s.period)} step)" if s.period else ""
+        every = f" (every {ordinal(s.period)} step)" if s.period else ""
         return [
             findings.evidence(
                 "slow_steps",
@@ -190,6 +191,7 @@ def evidence(s: Shape) -> list[schema.Evidence]:
     return []
 
 
-def _ordinal(n: int) -> str:
+def ordinal(n: int) -> str:
+    """`4th`, `2nd`, `11th`."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"

@@ -275,7 +275,8 @@ def detect(
     scores = scores or score(a, cfg)
     skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
-    excess: robust.FloatArray | None = None  # accumulated_excess(a), once an episode needs it
+    x: robust.FloatArray | None = None  # excess_scores(a), once an episode needs them
+    excess: robust.FloatArray | None = None  # ... and their accumulated_excess
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
         if skip:
@@ -296,12 +297,19 @@ def detect(
                         continue
                     at = lasted
                 elif kind is Kind.STRAGGLER:
-                    excess = accumulated_excess(a, cfg) if excess is None else excess
+                    if x is None or excess is None:
+                        x = excess_scores(a, cfg)
+                        excess = accumulate(x, cfg)
                     evident = _evident(excess[:, col], at, last, cfg.evidence_threshold)
-                    if evident is None:
-                        continue
-                    at = evident
-                    extra.append(_excess_evidence(excess[at, col], cfg))
+                    if evident is not None:
+                        at = evident
+                        extra.append(_excess_evidence(excess[at, col], cfg))
+                    else:
+                        periodic = _periodic(a.steps, x[:, col], at, last, cfg)
+                        if periodic is None:
+                            continue
+                        at, evidence = periodic
+                        extra.append(evidence)
                 out.append(rank_finding(a, scores, kind, col, first, last, at, cfg, extra))
     return [f for f in out if _moved_up(f, cfg)]
 
@@ -310,11 +318,22 @@ def accumulated_excess(
     a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
 ) -> robust.FloatArray:
     """[steps, ranks]: the evidence each rank's unsmoothed compute carries that it is late
-    (`StragglerConfig.evidence_threshold`): per step, its compute less the median of its
-    peers' (its scoring group's, `stage_groups`) as a share of the step's median step time,
-    over the robust scale of those deviations pooled over the group's ranks and last steps
-    (at least `scale_samples` of them), clipped, less the allowance a step, summed over the
-    best run of its last 1..`evidence_steps` steps."""
+    (`StragglerConfig.evidence_threshold`): its `excess_scores`, clipped, less the allowance a
+    step, summed over the best run of its last 1..`evidence_steps` steps."""
+    return accumulate(excess_scores(a, cfg), cfg)
+
+
+def accumulate(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+    """`accumulated_excess` of `excess_scores` already taken."""
+    clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
+    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
+
+
+def excess_scores(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+    """[steps, ranks]: per step, each rank's compute less the median of its peers' (its
+    scoring group's, `stage_groups`) as a share of the step's median step time, over the
+    robust scale of those deviations pooled over the group's ranks and last steps (at least
+    `scale_samples` of them)."""
     compute = a.known_compute_s()
     stages = stage_groups(a.stages)
     with np.errstate(all="ignore"):
@@ -328,8 +347,7 @@ def accumulated_excess(
         mad = robust.pooled_mad(deviations, rows)
         with np.errstate(invalid="ignore"):
             x[:, cols] = deviations / np.fmax(robust.MAD_TO_SIGMA * mad, cfg.scale_floor)
-    clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
-    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
+    return x
 
 
 def _evident(excess: robust.FloatArray, at: int, last: int, threshold: float) -> int | None:
@@ -337,6 +355,38 @@ def _evident(excess: robust.FloatArray, at: int, last: int, threshold: float) ->
     threshold; None: the episode never carried enough evidence."""
     reached = np.flatnonzero(excess[at : last + 1] > threshold)
     return at + int(reached[0]) if reached.size else None
+
+
+def _periodic(
+    steps: npt.NDArray[np.int64],
+    x: robust.FloatArray,
+    at: int,
+    last: int,
+    cfg: config_mod.StragglerConfig,
+) -> tuple[int, schema.Evidence] | None:
+    """The first row from `at` to `last` by which `cfg.periodic_excursions` of the column's
+    last `evidence_steps` excess scores `x` reached the clip on one phase of a period (counted
+    from the first of them, so that the steps before a fault's onset do not dilute it), and
+    that evidence; None: none did."""
+    with np.errstate(invalid="ignore"):
+        big = x >= cfg.evidence_clip  # NaN: not an excursion
+    counts = np.concatenate([[0], np.cumsum(big)])
+    for row in range(at, last + 1):
+        lo = max(0, row + 1 - cfg.evidence_steps)
+        count = int(counts[row + 1] - counts[lo])
+        if count < cfg.periodic_excursions:
+            continue
+        lo += int(np.argmax(big[lo : row + 1]))  # from its first excursion: a fault's onset
+        every = shape.period(steps[lo : row + 1], big[lo : row + 1])
+        if every:
+            note = (
+                f"steps at {cfg.evidence_clip:g}+ robust standard deviations over its peers' "
+                f"median compute / its last steps, every {shape.ordinal(every)} step (the "
+                "accumulated excess caps each step at that)"
+            )
+            span = row + 1 - max(0, row + 1 - cfg.evidence_steps)
+            return row, findings.evidence("periodic_excursions", count, span, note=note)
+    return None
 
 
 def _excess_evidence(value: float, cfg: config_mod.StragglerConfig) -> schema.Evidence:
