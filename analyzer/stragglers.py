@@ -10,8 +10,9 @@ it has 3 ranks or more; smaller stages are scored together, and there a stage sl
 its imbalance, not its ranks' fault; a group of fewer than `scale_samples` ranks takes its scale
 over its last few steps, and there compute high at `corroborated_z` counts when the rank's wait
 is as low); a rank flagged in `min_hits` of the last `window` steps is reported, a compute
-straggler once its unsmoothed steps also carry the evidence (`accumulated_excess`: a CUSUM of
-its excess over its peers' median, so a clean rank's short run of high jitter is not one); a
+straggler once its unsmoothed steps also carry the evidence (`excess.py`: a CUSUM of its excess
+over its peers' median, so a clean rank's short run of high jitter is not one, or its slow
+steps' period); a
 job's first `warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute
 stragglers (with GPU throttling noted from NVML clocks), data-loader stalls, and compute that
 only follows a larger share of tokens (sequence-length imbalance, reported for the job rather
@@ -40,7 +41,7 @@ import numpy.typing as npt
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import findings, groups, imbalance, robust, shape
+from vigil.analyzer import excess, findings, groups, imbalance, robust, shape
 
 Kind = schema.FindingKind
 
@@ -275,8 +276,8 @@ def detect(
     scores = scores or score(a, cfg)
     skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
-    x: robust.FloatArray | None = None  # excess_scores(a), once an episode needs them
-    excess: robust.FloatArray | None = None  # ... and their accumulated_excess
+    x: robust.FloatArray | None = None  # excess.scores(a), once an episode needs them ...
+    accumulated: robust.FloatArray | None = None  # ... and their accumulated excess
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
         if skip:
@@ -297,107 +298,16 @@ def detect(
                         continue
                     at = lasted
                 elif kind is Kind.STRAGGLER:
-                    if x is None or excess is None:
-                        x = excess_scores(a, cfg)
-                        excess = accumulate(x, cfg)
-                    evident = _evident(excess[:, col], at, last, cfg.evidence_threshold)
-                    if evident is not None:
-                        at = evident
-                        extra.append(_excess_evidence(excess[at, col], cfg))
-                    else:
-                        periodic = _periodic(a.steps, x[:, col], at, last, cfg)
-                        if periodic is None:
-                            continue
-                        at, evidence = periodic
-                        extra.append(evidence)
+                    if x is None or accumulated is None:
+                        x = excess.scores(a, stage_groups(a.stages), cfg)
+                        accumulated = excess.accumulate(x, cfg)
+                    carried = excess.evident(a.steps, x[:, col], accumulated[:, col], at, last, cfg)
+                    if carried is None:
+                        continue
+                    at, evidence = carried
+                    extra.append(evidence)
                 out.append(rank_finding(a, scores, kind, col, first, last, at, cfg, extra))
     return [f for f in out if _moved_up(f, cfg)]
-
-
-def accumulated_excess(
-    a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
-) -> robust.FloatArray:
-    """[steps, ranks]: the evidence each rank's unsmoothed compute carries that it is late
-    (`StragglerConfig.evidence_threshold`): its `excess_scores`, clipped, less the allowance a
-    step, summed over the best run of its last 1..`evidence_steps` steps."""
-    return accumulate(excess_scores(a, cfg), cfg)
-
-
-def accumulate(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
-    """`accumulated_excess` of `excess_scores` already taken."""
-    clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
-    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
-
-
-def excess_scores(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
-    """[steps, ranks]: per step, each rank's compute less the median of its peers' (its
-    scoring group's, `stage_groups`) as a share of the step's median step time, over the
-    robust scale of those deviations pooled over the group's ranks and last steps (at least
-    `scale_samples` of them)."""
-    compute = a.known_compute_s()
-    stages = stage_groups(a.stages)
-    with np.errstate(all="ignore"):
-        step_time = robust.nanmedian(a.step_time_s, 1, keepdims=True)
-        deviation = (compute - robust.others_median(compute, stages)) / step_time
-    x = np.full(deviation.shape, np.nan)
-    groups = [np.arange(a.num_ranks)] if stages is None else robust.group_columns(stages)
-    for cols in groups:
-        rows = robust.pool_rows(cols.size, cfg.scale_samples, cfg.evidence_steps)
-        deviations = deviation[:, cols]
-        mad = robust.pooled_mad(deviations, rows)
-        with np.errstate(invalid="ignore"):
-            x[:, cols] = deviations / np.fmax(robust.MAD_TO_SIGMA * mad, cfg.scale_floor)
-    return x
-
-
-def _evident(excess: robust.FloatArray, at: int, last: int, threshold: float) -> int | None:
-    """The first row from `at` (persistent) to `last` whose accumulated excess exceeds the
-    threshold; None: the episode never carried enough evidence."""
-    reached = np.flatnonzero(excess[at : last + 1] > threshold)
-    return at + int(reached[0]) if reached.size else None
-
-
-def _periodic(
-    steps: npt.NDArray[np.int64],
-    x: robust.FloatArray,
-    at: int,
-    last: int,
-    cfg: config_mod.StragglerConfig,
-) -> tuple[int, schema.Evidence] | None:
-    """The first row from `at` to `last` by which `cfg.periodic_excursions` of the column's
-    last `evidence_steps` excess scores `x` reached the clip on one phase of a period (counted
-    from the first of them, so that the steps before a fault's onset do not dilute it), and
-    that evidence; None: none did."""
-    with np.errstate(invalid="ignore"):
-        big = x >= cfg.evidence_clip  # NaN: not an excursion
-    counts = np.concatenate([[0], np.cumsum(big)])
-    for row in range(at, last + 1):
-        lo = max(0, row + 1 - cfg.evidence_steps)
-        count = int(counts[row + 1] - counts[lo])
-        if count < cfg.periodic_excursions:
-            continue
-        lo += int(np.argmax(big[lo : row + 1]))  # from its first excursion: a fault's onset
-        every = shape.period(steps[lo : row + 1], big[lo : row + 1])
-        if every:
-            note = (
-                f"steps at {cfg.evidence_clip:g}+ robust standard deviations over its peers' "
-                f"median compute / its last steps, every {shape.ordinal(every)} step (the "
-                "accumulated excess caps each step at that)"
-            )
-            span = row + 1 - max(0, row + 1 - cfg.evidence_steps)
-            return row, findings.evidence("periodic_excursions", count, span, note=note)
-    return None
-
-
-def _excess_evidence(value: float, cfg: config_mod.StragglerConfig) -> schema.Evidence:
-    return findings.evidence(
-        "accumulated_excess",
-        float(value),
-        cfg.evidence_threshold,
-        note="per-step compute over the peers' median, in robust standard deviations, "
-        f"less {cfg.evidence_allowance:g} a step, summed over its last "
-        f"{cfg.evidence_steps} steps at most (CUSUM); the threshold as the baseline",
-    )
 
 
 def _lasted(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.analyzer import recorded
-from vigil.analyzer import arrays, config, stragglers
+from vigil.analyzer import arrays, config, excess, stragglers
 
 JOB = recorded.DATA / "jsonl_shapes" / "ddp-intermittent-capped"
 SLOW_RANK = 3
@@ -43,7 +43,8 @@ def test_the_accumulated_excess_alone_stays_under_its_threshold() -> None:
     a = arrays.from_records(recorded.records(JOB))
     cfg = config.StragglerConfig()
     col = list(a.ranks).index(SLOW_RANK)
-    assert float(np.nanmax(stragglers.accumulated_excess(a, cfg)[:, col])) < cfg.evidence_threshold
+    x = excess.scores(a, stragglers.stage_groups(a.stages), cfg)
+    assert float(np.nanmax(excess.accumulate(x, cfg)[:, col])) < cfg.evidence_threshold
 
 
 def test_excursions_at_no_period_are_no_evidence() -> None:
@@ -52,10 +53,10 @@ def test_excursions_at_no_period_are_no_evidence() -> None:
     steps = np.arange(48, dtype=np.int64)
     x = np.zeros(48)
     x[[3, 5, 12, 20, 21, 33, 40]] = 9.0
-    assert stragglers._periodic(steps, x, 0, 47, cfg) is None
+    assert excess._periodic(steps, x, 0, 47, cfg) is None
     x[:] = 0.0
     x[[3, 7, 11, 15, 19, 23]] = 9.0  # every 4th step, six times: evident at the sixth
-    row, evidence = stragglers._periodic(steps, x, 0, 47, cfg) or (None, None)
+    row, evidence = excess._periodic(steps, x, 0, 47, cfg) or (None, None)
     assert row == 23 and evidence is not None and evidence.observed == 6
 
 

@@ -6,8 +6,8 @@ each), the SDK's own JSONL: the plain all-reduce loop's steps 640-759 and the pi
 (1F1B) steps 590-659. In each, one rank's draws ran high for ~15 steps (rank 3 of the plain
 loop from step ~711, rank 0 of the pipeline from ~628): its smoothed compute stood ~3
 standard deviations out, flagged in 8 of 12 steps, and both were reported as compute
-stragglers of 1.19x and 1.57x before the accumulated-excess test (`stragglers.accumulated_
-excess`). Both offline and streaming analysis must now stay quiet, and with that test off
+stragglers of 1.19x and 1.57x before the accumulated-excess test (`excess.accumulate`).
+Both offline and streaming analysis must now stay quiet, and with that test off
 (threshold 0) the same data must still raise the finding: it is that test that keeps them
 quiet, not a change of the data.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from tests.analyzer import recorded
 from vigil import schema
-from vigil.analyzer import arrays, config, stragglers
+from vigil.analyzer import arrays, config, excess, stragglers
 
 STREAKS = recorded.DATA / "jsonl_jitter_streaks"
 CASES = {"plain-long-jitter": 3, "pp-long-jitter": 0}  # job: the rank whose draws ran high
@@ -40,11 +40,15 @@ def test_a_jitter_streak_is_not_a_straggler(job: str, mode: str) -> None:
     assert recorded.named(unguarded) == [("straggler", [CASES[job]])]
 
 
+def _accumulated(a: arrays.StepArrays, cfg: config.StragglerConfig) -> np.ndarray:
+    return excess.accumulate(excess.scores(a, stragglers.stage_groups(a.stages), cfg), cfg)
+
+
 @pytest.mark.parametrize("job", sorted(CASES))
 def test_the_streak_carries_less_evidence_than_a_straggler_needs(job: str) -> None:
     a = arrays.from_records(recorded.records(STREAKS / job))
     cfg = config.StragglerConfig()
-    excess = stragglers.accumulated_excess(a, cfg)
+    excess = _accumulated(a, cfg)
     assert excess.shape == (a.num_steps, a.num_ranks)
     assert 0 < float(np.nanmax(excess[cfg.warmup_steps :])) < cfg.evidence_threshold
     # ... while the same clean data with one rank slowed carries it: a 1.5x straggler within
@@ -52,7 +56,7 @@ def test_the_streak_carries_less_evidence_than_a_straggler_needs(job: str) -> No
     for share, within in ((0.5, cfg.window), (0.25, 2 * cfg.window)):
         a = arrays.from_records(recorded.records(STREAKS / job))
         _slow_down(a, 1, share, 20)
-        excess = stragglers.accumulated_excess(a, cfg)
+        excess = _accumulated(a, cfg)
         reached = np.flatnonzero(excess[20:, 1] > cfg.evidence_threshold)
         assert reached.size and reached[0] < within, (share, reached[:1])
 

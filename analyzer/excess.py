@@ -1,0 +1,111 @@
+"""Whether a persistent compute straggler's unsmoothed steps carry the evidence to report it.
+
+Persistence is judged on smoothed scores (`stragglers.score`), which a clean rank's run of high
+jitter draws can pass; the rank's own steps must also show it late. Per step its excess score
+(`scores`) is its compute less its peers' median, over the robust scale of those deviations.
+The evidence (`evident`) is either their accumulated excess, clipped at `evidence_clip` (one
+hiccup adds little), less `evidence_allowance` a step, summed over its best run of its last
+1..`evidence_steps` steps (a CUSUM that forgets), past `evidence_threshold`; or, since the clip
+caps the slow steps of a rank slow only every few steps while its other steps give back as much,
+`periodic_excursions` of its last `evidence_steps` steps at the clip on one phase of a period
+(`shape.period`). Pure numpy over `StepArrays`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from vigil import schema
+from vigil.analyzer import arrays as arrays_mod
+from vigil.analyzer import config as config_mod
+from vigil.analyzer import findings, robust, shape
+
+
+def scores(
+    a: arrays_mod.StepArrays,
+    groups: npt.NDArray[np.int32] | None,
+    cfg: config_mod.StragglerConfig,
+) -> robust.FloatArray:
+    """[steps, ranks]: per step, each rank's compute less the median of its scoring group's
+    other ranks' (`groups`: `stragglers.stage_groups`; None: all ranks) as a share of the
+    step's median step time, over the robust scale of those deviations pooled over the group's
+    ranks and last steps (at least `scale_samples` of them)."""
+    compute = a.known_compute_s()
+    with np.errstate(all="ignore"):
+        step_time = robust.nanmedian(a.step_time_s, 1, keepdims=True)
+        deviation = (compute - robust.others_median(compute, groups)) / step_time
+    x = np.full(deviation.shape, np.nan)
+    for cols in [np.arange(a.num_ranks)] if groups is None else robust.group_columns(groups):
+        rows = robust.pool_rows(cols.size, cfg.scale_samples, cfg.evidence_steps)
+        deviations = deviation[:, cols]
+        mad = robust.pooled_mad(deviations, rows)
+        with np.errstate(invalid="ignore"):
+            x[:, cols] = deviations / np.fmax(robust.MAD_TO_SIGMA * mad, cfg.scale_floor)
+    return x
+
+
+def accumulate(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+    """[steps, ranks]: the accumulated excess of `scores`: clipped, less the allowance a step,
+    summed over the best run of the last 1..`evidence_steps` steps."""
+    clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
+    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
+
+
+def evident(
+    steps: npt.NDArray[np.int64],
+    x: robust.FloatArray,
+    accumulated: robust.FloatArray,
+    at: int,
+    last: int,
+    cfg: config_mod.StragglerConfig,
+) -> tuple[int, schema.Evidence] | None:
+    """The first row from `at` (persistent) to `last` by which one column's excess scores `x`
+    (with their `accumulated` excess) carry the evidence, and that evidence; None: never."""
+    reached = np.flatnonzero(accumulated[at : last + 1] > cfg.evidence_threshold)
+    if reached.size:
+        row = at + int(reached[0])
+        return row, _accumulated_evidence(float(accumulated[row]), cfg)
+    return _periodic(steps, x, at, last, cfg)
+
+
+def _periodic(
+    steps: npt.NDArray[np.int64],
+    x: robust.FloatArray,
+    at: int,
+    last: int,
+    cfg: config_mod.StragglerConfig,
+) -> tuple[int, schema.Evidence] | None:
+    """The first row from `at` to `last` by which `cfg.periodic_excursions` of the column's
+    last `evidence_steps` excess scores `x` reached the clip on one phase of a period (counted
+    from the first of them, so that the steps before a fault's onset do not dilute it), and
+    that evidence; None: none did."""
+    with np.errstate(invalid="ignore"):
+        big = x >= cfg.evidence_clip  # NaN: not an excursion
+    counts = np.concatenate([[0], np.cumsum(big)])
+    for row in range(at, last + 1):
+        lo = max(0, row + 1 - cfg.evidence_steps)
+        count = int(counts[row + 1] - counts[lo])
+        if count < cfg.periodic_excursions:
+            continue
+        first = lo + int(np.argmax(big[lo : row + 1]))  # its first excursion: a fault's onset
+        every = shape.period(steps[first : row + 1], big[first : row + 1])
+        if every:
+            note = (
+                f"steps at {cfg.evidence_clip:g}+ robust standard deviations over its peers' "
+                f"median compute / its last steps, every {shape.ordinal(every)} step (the "
+                "accumulated excess caps each step at that)"
+            )
+            return row, findings.evidence("periodic_excursions", count, row + 1 - lo, note=note)
+    return None
+
+
+def _accumulated_evidence(value: float, cfg: config_mod.StragglerConfig) -> schema.Evidence:
+    return findings.evidence(
+        "accumulated_excess",
+        value,
+        cfg.evidence_threshold,
+        note="per-step compute over the peers' median, in robust standard deviations, "
+        f"less {cfg.evidence_allowance:g} a step, summed over its last "
+        f"{cfg.evidence_steps} steps at most (CUSUM); the threshold as the baseline",
+    )
