@@ -3,7 +3,7 @@
 Persistence is judged on smoothed scores (`stragglers.score`), which a clean rank's run of high
 jitter draws can pass; the rank's own steps must also show it late. Per step its excess score
 (`scores`) is its compute less its peers' median, over the robust scale of those deviations.
-The evidence (`evident`) is either their accumulated excess, clipped at `evidence_clip` (one
+The evidence (`evident`, whichever comes first) is either their accumulated excess, clipped at `evidence_clip` (one
 hiccup adds little), less `evidence_allowance` a step, summed over its best run of its last
 1..`evidence_steps` steps (a CUSUM that forgets), past `evidence_threshold`; or, since the clip
 caps the slow steps of a rank slow only every few steps while its other steps give back as much,
@@ -61,11 +61,16 @@ def evident(
     cfg: config_mod.StragglerConfig,
 ) -> tuple[int, schema.Evidence] | None:
     """The first row from `at` (persistent) to `last` by which one column's excess scores `x`
-    (with their `accumulated` excess) carry the evidence, and that evidence; None: never."""
+    (with their `accumulated` excess) carry the evidence either way, and that evidence; None:
+    never."""
     reached = np.flatnonzero(accumulated[at : last + 1] > cfg.evidence_threshold)
     if reached.size:
         row = at + int(reached[0])
-        return row, _accumulated_evidence(float(accumulated[row]), cfg)
+        # The period's evidence can come first (each slow step is capped in the sum).
+        return _periodic(steps, x, at, row - 1, cfg) or (
+            row,
+            _accumulated_evidence(float(accumulated[row]), cfg),
+        )
     return _periodic(steps, x, at, last, cfg)
 
 

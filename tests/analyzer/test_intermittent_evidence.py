@@ -60,6 +60,21 @@ def test_excursions_at_no_period_are_no_evidence() -> None:
     assert row == 23 and evidence is not None and evidence.observed == 6
 
 
+def test_the_period_answers_first_when_it_comes_before_the_sum() -> None:
+    """Capped at the clip, slow steps every 4th step add 3.5 each and the steps between, a
+    little under the peers' median, give back 0.8 each: the period is evident at the sixth
+    slow step, the sum (threshold 12) much later."""
+    cfg = config.StragglerConfig()
+    steps = np.arange(48, dtype=np.int64)
+    x = np.full((48, 1), -0.3)
+    x[3::4] = 9.0
+    col = excess.accumulate(x, cfg)[:, 0]
+    sum_row = int(np.flatnonzero(col > cfg.evidence_threshold)[0])
+    row, evidence = excess.evident(steps, x[:, 0], col, 0, 47, cfg) or (None, None)
+    assert row == 23 < sum_row and evidence is not None
+    assert evidence.metric == "periodic_excursions"
+
+
 def test_periodic_excursions_is_validated() -> None:
     with pytest.raises(ValueError, match="periodic_excursions"):
         config.StragglerConfig(periodic_excursions=2)
