@@ -66,12 +66,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.realjobs import launch as launcher  # noqa: E402
 from tests.realjobs import netns, train  # noqa: E402
+from vigil import schema  # noqa: E402
 from vigil.agent import relay  # noqa: E402
+from vigil.analyzer import shape  # noqa: E402
 
 WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain", "fsdp_tp")
 FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
@@ -337,10 +341,7 @@ def expected_shape(spec: Spec) -> str | None:
 
 
 def said_shape(finding: dict[str, Any]) -> str:
-    metrics = {e["metric"] for e in finding["evidence"]}
-    if "slow_steps" in metrics:
-        return "intermittent"
-    return "growing" if "trend" in metrics else "steady"
+    return shape.said(msgspec.convert(finding["evidence"], list[schema.Evidence])).value
 
 
 def score(
