@@ -81,9 +81,9 @@ class StragglerConfig:
     # other steps, at its peers' level, give back up to the clip each), at least
     # `periodic_excursions` of its last `evidence_steps` steps at `evidence_clip` or more that
     # fall on one phase of a period (`shape.period`: 2-16 steps). Real 4-rank jobs 2x slow every
-    # 4th step: 21 of 21 reach 6 within 20 steps of onset; over 108,860 steps of real clean jobs
-    # (hiccups, ±15 % jitter, a busy process on every core) one rank once had 5 such steps at a
-    # period (9), never 6, while unordered excursions reached 9 in 48 steps.
+    # 4th step: 26 of 26 (6 matrices) reach 6 within 20 steps of onset; over 110,140 steps of
+    # real clean jobs (hiccups, ±15 % jitter, a busy process on every core) one rank once had 5
+    # such steps at a period (9), never 6, while unordered excursions reached 9 in 48 steps.
     periodic_excursions: int = 6
     # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
     # ranks is decided by two of their deviations and swings by 2x from step to step (on real
