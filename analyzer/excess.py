@@ -3,12 +3,12 @@
 Persistence is judged on smoothed scores (`stragglers.score`), which a clean rank's run of high
 jitter draws can pass; the rank's own steps must also show it late. Per step its excess score
 (`scores`) is its compute less its peers' median, over the robust scale of those deviations.
-The evidence (`evident`, whichever comes first) is either their accumulated excess, clipped at `evidence_clip` (one
-hiccup adds little), less `evidence_allowance` a step, summed over its best run of its last
-1..`evidence_steps` steps (a CUSUM that forgets), past `evidence_threshold`; or, since the clip
-caps the slow steps of a rank slow only every few steps while its other steps give back as much,
-`periodic_excursions` of its last `evidence_steps` steps at the clip on one phase of a period
-(`shape.period`). Pure numpy over `StepArrays`.
+The evidence (`evident`, whichever comes first) is either their accumulated excess, clipped at
+`evidence_clip` (one hiccup adds little), less `evidence_allowance` a step, summed over its best
+run of its last 1..`evidence_steps` steps (a CUSUM that forgets), past `evidence_threshold`; or,
+since the clip caps the slow steps of a rank slow only every few steps while its other steps
+give back as much, `periodic_excursions` of its last `evidence_steps` steps at the clip on one
+phase of a period (`shape.period`). Pure numpy over `StepArrays`.
 """
 
 from __future__ import annotations
