@@ -20,8 +20,9 @@ average. `of` reads the per-step ratios of the rank's value to its peers' median
 
 The thresholds were read off real 4-rank gloo jobs (`bench/faults.py`, 5 wrappers, 4 matrices:
 no steady straggler was called anything else; 15 of 16 intermittent ones and 14 of 16 ramps
-were named, the rest read steady). Pure numpy; the shape describes a finding and never decides
-whether there is one.
+were named, the rest read steady). Pure numpy. A shape describes a finding and never decides
+whether there is one; `period` is also the test behind `excess.py`'s period evidence, which
+does.
 """
 
 from __future__ import annotations
