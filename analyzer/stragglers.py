@@ -324,7 +324,10 @@ def _lasted(
 def _moved_up(finding: schema.Finding, cfg: config_mod.StragglerConfig) -> bool:
     """Whether the finding's own headline evidence shows the metric up by the minimum excess
     (flags come from smoothed per-step scores; an episode whose median over its steps is not
-    above the baseline is not reported: its evidence would contradict it)."""
+    above the baseline is not reported: its evidence would contradict it), or its slow steps
+    do (an intermittent one's median is what its usual steps look like: `shape.py`)."""
+    if shape.said(finding.evidence) is shape.Kind.INTERMITTENT:
+        return True
     head = finding.evidence[0]
     if head.baseline is None or head.baseline <= 0:
         return head.observed > 0

@@ -1,11 +1,13 @@
 """A straggler finding says whether its rank is slow in every step, only in some, or more and
 more: `shape.of` on per-step ratios, and the findings of two real jobs.
 
-data/jsonl_shapes/ holds two real 4-rank gloo jobs of `bench/faults.py` (`tests/realjobs/
-train.py`, the SDK's own JSONL): DDP whose rank 3 is 2x slow every 4th step from step 8, and
-tensor parallelism whose rank 2 slows by 1 % of a step more each step from step 8. Their
+data/jsonl_shapes/ holds real 4-rank gloo jobs (`tests/realjobs/train.py`, the SDK's own
+JSONL): from `bench/faults.py`, DDP whose rank 3 is 2x slow every 4th step from step 8, and
+tensor parallelism whose rank 2 slows by 1 % of a step more each step from step 8 (their
 findings' headline median reads 1.09x and 2.34x: the first hides that the rank doubles its
-step every 4th step, the second that it keeps getting worse.
+step every 4th step, the second that it keeps getting worse); from
+`tests/realjobs/test_detection.py`, a plain loop's intermittent straggler and a pipeline's
+steady 2x stage, which earlier rules got wrong.
 """
 
 from __future__ import annotations
@@ -114,6 +116,38 @@ def test_online_an_open_ramp_is_re_sent_as_it_grows() -> None:
     assert "growing" not in first.summary and ", growing from " in last.summary, last.summary
     assert (last.step_start, last.detected_s) == (first.step_start, first.detected_s)
     assert last.step_end > first.step_end
+
+
+def test_an_intermittent_straggler_whose_median_is_not_up_is_still_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real plain loop (`tests/realjobs/test_detection.py`'s own case) whose rank 3 is 2x
+    slow every 4th step, its compute a small share of its step: over its whole episode the
+    median reads ~1.0x, which alone would drop the finding as contradicting itself (the
+    streaming analyzer's shorter episode read 1.07x and reported it either way)."""
+    records = recorded.records(SHAPES / "plain-intermittent-low-median")
+    for mode in ("offline", "online"):
+        (found,) = recorded.analyse(mode, records)
+        assert recorded.named([found]) == [("straggler", [3])]
+        assert "intermittent compute straggler" in found.summary, found.summary
+    (found,) = recorded.analyse("offline", records)
+    head = found.evidence[0]
+    assert head.baseline is not None and head.observed < 1.02 * head.baseline
+    monkeypatch.setattr(shape, "said", lambda evidence: shape.Kind.STEADY)
+    assert recorded.analyse("offline", records) == []
+
+
+def test_a_steady_stage_drifting_up_is_not_growing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real pipeline whose stage 1 is 2x slow from step 8: its ratio to its peers drifted
+    from ~4.3x to ~5.6x, in order, which the ratio's growth alone (1.3x) calls growing; its
+    excess grew by less than `EXCESS_GROWTH`."""
+    records = recorded.records(SHAPES / "pp-forward-drift")
+    (found,) = recorded.analyse("offline", records)
+    assert recorded.named([found]) == [("straggler", [1])]
+    assert "growing" not in found.summary, found.summary
+    monkeypatch.setattr(shape, "EXCESS_GROWTH", 1.0)
+    (found,) = recorded.analyse("offline", records)
+    assert ", growing from " in found.summary, found.summary
 
 
 def test_a_real_steady_straggler_has_no_shape() -> None:
