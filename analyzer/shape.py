@@ -57,6 +57,9 @@ PERIOD_SHARE = 0.75
 MAX_PERIOD = 16
 # Theil-Sen over the last this many steps at most (pairs grow as the square).
 MAX_TREND_STEPS = 256
+# The evidence each shape writes (`evidence`), by which a finding says it (`said`).
+SLOW_STEPS_METRIC = "slow_steps"
+TREND_METRIC = "trend"
 
 
 class Kind(enum.StrEnum):
@@ -140,23 +143,23 @@ def period(steps: np.ndarray, slow: np.ndarray) -> int:
     `slow` steps (at least `MIN_SLOW_STEPS`) while that share of its own steps are slow: for
     each of `steps` (ascending step numbers) whether it was slow; 0: none."""
     at = steps[slow]
-    for period in range(2, MAX_PERIOD + 1):
-        phases = np.bincount(at % period, minlength=period)
+    for every in range(2, MAX_PERIOD + 1):
+        phases = np.bincount(at % every, minlength=every)
         phase = int(np.argmax(phases))
-        on_phase = steps % period == phase
+        on_phase = steps % every == phase
         if phases[phase] < MIN_SLOW_STEPS or phases[phase] < PERIOD_SHARE * at.size:
             continue
         if phases[phase] >= PERIOD_SHARE * int(on_phase.sum()):
-            return period
+            return every
     return 0
 
 
 def said(evidence: Sequence[schema.Evidence]) -> Kind:
     """The shape a finding's evidence says (`evidence` wrote it)."""
     metrics = {e.metric for e in evidence}
-    if "slow_steps" in metrics:
+    if SLOW_STEPS_METRIC in metrics:
         return Kind.INTERMITTENT
-    return Kind.GROWING if "trend" in metrics else Kind.STEADY
+    return Kind.GROWING if TREND_METRIC in metrics else Kind.STEADY
 
 
 def phrase(s: Shape, label: str) -> str:
@@ -180,7 +183,7 @@ def evidence(s: Shape) -> list[schema.Evidence]:
         every = f" (every {ordinal(s.period)} step)" if s.period else ""
         return [
             findings.evidence(
-                "slow_steps",
+                SLOW_STEPS_METRIC,
                 s.num_slow,
                 s.num_steps,
                 note=f"steps at {SLOW_RATIO}x its peers' median or more / the episode's "
@@ -190,7 +193,7 @@ def evidence(s: Shape) -> list[schema.Evidence]:
     if s.kind is Kind.GROWING:
         return [
             findings.evidence(
-                "trend",
+                TREND_METRIC,
                 s.end_ratio,
                 s.start_ratio,
                 note="its ratio to its peers' median at the episode's last vs first step "

@@ -368,7 +368,9 @@ def rank_finding(
             note="flagged / steps in range",
         ),
     ]
-    spread = shape.of(_peer_ratios(a, values, rows, col))
+    peers = robust.others_median(values[rows], stage_groups(a.stages))[:, col]
+    with np.errstate(all="ignore"):  # its value over its scoring group's others' median
+        spread = shape.of(values[rows, col] / peers)
     ev.extend(shape.evidence(spread))
     note = ""
     if kind is Kind.STRAGGLER:
@@ -406,19 +408,6 @@ def rank_finding(
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
     )
-
-
-def _peer_ratios(
-    a: arrays_mod.StepArrays, values: robust.FloatArray, rows: slice, col: int
-) -> robust.FloatArray:
-    """Per step of the episode, the rank's value over the median of its scoring group's other
-    ranks (`stage_groups`); NaN or inf where either is unknown or the peers' is 0."""
-    stages = stage_groups(a.stages)
-    peers = np.arange(a.num_ranks) if stages is None else np.flatnonzero(stages == stages[col])
-    peers = peers[peers != col]
-    with np.errstate(all="ignore"):
-        others = robust.nanmedian(values[rows][:, peers].astype(np.float64), 1)
-        return np.asarray(values[rows, col] / others, dtype=np.float64)
 
 
 def _held_up(a: arrays_mod.StepArrays, col: int) -> str:

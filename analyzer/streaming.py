@@ -299,15 +299,18 @@ class _JobStream:
                 self.began[hits == 0] = np.nan
         return newly
 
-    def _detect_window(self) -> list[schema.Finding]:
+    def _window_episodes(self) -> list[schema.Finding]:
+        """The straggler and data-stall findings of the window's episodes still going on."""
         a = self.window.view(self.analysed)
         # The window's first row is the job's (num_analysed - len(analysed))-th analysed step.
         warmup = self.cfg.straggler.warmup_steps - (self.num_analysed - len(self.analysed))
-        out = []
         found = stragglers.detect(a, self.cfg.straggler, warmup_rows=warmup, began_s=self.began)
-        for finding in found:
-            if finding.step_end < self.analysed[-1] - self.cfg.straggler.window:
-                continue  # an episode that already ended inside the window
+        ended = self.analysed[-1] - self.cfg.straggler.window  # episodes ended in the window
+        return [f for f in found if f.step_end >= ended]
+
+    def _detect_window(self) -> list[schema.Finding]:
+        out = []
+        for finding in self._window_episodes():
             key = _key(finding)
             if key not in self.open:
                 self.open[key] = finding
@@ -325,14 +328,8 @@ class _JobStream:
         step, detection time and folded MFU evidence kept."""
         if not any(kind in stragglers.RANK_KINDS for kind, _, _ in self.open):
             return []
-        a = self.window.view(self.analysed)
-        warmup = self.cfg.straggler.warmup_steps - (self.num_analysed - len(self.analysed))
         out = []
-        for fresh in stragglers.detect(
-            a, self.cfg.straggler, warmup_rows=warmup, began_s=self.began
-        ):
-            if fresh.step_end < self.analysed[-1] - self.cfg.straggler.window:
-                continue  # an episode that already ended inside the window
+        for fresh in self._window_episodes():
             key = _key(fresh)
             old = self.open.get(key)
             if old is None or not _says_more(old, fresh):
