@@ -10,7 +10,8 @@ persistence counts, and only when a rank newly becomes persistent (or, every `RE
 steps, while a persistent rank has no finding yet) runs the same array detectors as offline
 analysis over the window, so streaming and `vigil analyze` agree; an open straggler or
 data-stall finding is re-described from the window every persistence window of steps and re-sent
-when that says more (`REDESCRIBE_CHANGE`: a ramp keeps growing). `tick(now_s)`
+when that says more (`REDESCRIBE_CHANGE`: a ramp keeps growing, an intermittent straggler's slow
+steps add up). `tick(now_s)`
 checks for hangs when no records arrive. Findings are returned with stable ids (re-sent when
 resolved); the collector upserts them. Pure: no I/O, no clocks, no threads; not thread-safe
 (the collector calls it from one task).
@@ -475,15 +476,29 @@ def _key(f: schema.Finding) -> tuple[Kind, tuple[int, ...], tuple[str, ...]]:
 
 
 def _says_more(old: schema.Finding, fresh: schema.Finding) -> bool:
-    """Whether `fresh` describes the episode otherwise: another shape, or a headline ratio
-    `REDESCRIBE_CHANGE` away from the reported one."""
+    """Whether `fresh` describes the episode otherwise: another shape, a headline ratio
+    `REDESCRIBE_CHANGE` away from the reported one, or the shape's own number as far (an
+    intermittent straggler's count of slow steps, whose median stays what its usual steps look
+    like; a growing one's latest ratio to its peers)."""
     if shape.said(old.evidence) is not shape.said(fresh.evidence):
         return True
     before, now = old.evidence[0], fresh.evidence[0]
     if before.metric != now.metric or not before.baseline or not now.baseline:
         return before.metric != now.metric
     was, ratio = before.observed / before.baseline, now.observed / now.baseline
-    return abs(ratio - was) >= REDESCRIBE_CHANGE * was
+    return abs(ratio - was) >= REDESCRIBE_CHANGE * was or _moved(
+        _shape_number(old), _shape_number(fresh)
+    )
+
+
+def _shape_number(f: schema.Finding) -> float | None:
+    """The observed value of the finding's shape evidence (`shape.evidence`); None: steady."""
+    metrics = (shape.SLOW_STEPS_METRIC, shape.TREND_METRIC)
+    return next((float(e.observed) for e in f.evidence if e.metric in metrics), None)
+
+
+def _moved(was: float | None, now: float | None) -> bool:
+    return was is not None and now is not None and abs(now - was) >= REDESCRIBE_CHANGE * abs(was)
 
 
 def _carried(old: schema.Finding, fresh: schema.Finding) -> schema.Finding:

@@ -118,6 +118,21 @@ def test_online_an_open_ramp_is_re_sent_as_it_grows() -> None:
     assert last.step_end > first.step_end
 
 
+@pytest.mark.parametrize(
+    ("job", "metric"), [("ddp-intermittent", "slow_steps"), ("tp-ramp", "trend")]
+)
+def test_online_the_shapes_number_keeps_up_with_the_episode(job: str, metric: str) -> None:
+    """The live finding's last version says about what `vigil analyze` says of the whole
+    episode: an intermittent straggler's slow steps (first sent as 3 of 9) and a ramp's latest
+    ratio (first re-sent at 2.76x while it reached 3.67x) within `REDESCRIBE_CHANGE`."""
+    records = recorded.records(SHAPES / job)
+    numbers = {}
+    for mode in ("offline", "online"):
+        (found,) = recorded.analyse(mode, records)
+        numbers[mode] = next(e.observed for e in found.evidence if e.metric == metric)
+    assert numbers["online"] >= (1 - streaming.REDESCRIBE_CHANGE) * numbers["offline"], numbers
+
+
 def test_an_intermittent_straggler_whose_median_is_not_up_is_still_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -176,3 +191,28 @@ def test_a_re_sent_finding_keeps_its_id_first_step_and_folded_mfu_drop() -> None
     assert sent.summary == "2.5x" and sent.step_end == 30
     assert not streaming._says_more(old, straggler(20, 1.7))  # steady, 13 % up: not re-sent
     assert streaming._says_more(old, straggler(20, 1.9))  # 27 % up
+
+
+def test_a_re_described_shape_is_re_sent_when_its_own_number_moves() -> None:
+    """An intermittent straggler's median stays what its usual steps look like while its slow
+    steps add up; a ramp's headline median lags its latest ratio: each shape's own number
+    re-sends it, by `REDESCRIBE_CHANGE` as the headline."""
+
+    def straggler(metric: str, number: float, steps: int) -> schema.Finding:
+        return findings.make_finding(
+            kind=schema.FindingKind.STRAGGLER, job_id="j", subjects=schema.Subjects(ranks=[3]),
+            step_start=12, step_end=12 + steps, summary=f"{number}", confidence=0.9,
+            evidence=[findings.evidence("compute_time", 1.05, 1.0),
+                      findings.evidence(metric, number, float(steps))],
+        )  # fmt: skip
+
+    slow = shape.SLOW_STEPS_METRIC
+    assert streaming._says_more(straggler(slow, 7, 28), straggler(slow, 10, 40))  # 43 % more
+    assert not streaming._says_more(straggler(slow, 13, 52), straggler(slow, 16, 64))  # 23 %
+    trend = shape.TREND_METRIC
+    assert streaming._says_more(straggler(trend, 2.0, 30), straggler(trend, 2.6, 42))
+    assert not streaming._says_more(straggler(trend, 2.0, 30), straggler(trend, 2.3, 42))
+    # a steady finding has no shape number: its headline alone decides
+    assert not streaming._says_more(
+        straggler("outlier_steps", 7, 28), straggler("outlier_steps", 20, 40)
+    )

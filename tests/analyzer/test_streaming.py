@@ -200,8 +200,9 @@ def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
     )  # fmt: skip
     job = ob.run(ob.JobConfig(job_id="intermittent", dp=16, num_steps=44, faults=(fault,), seed=4))
     found = [f for f, _newest in _stream_observed(job, "straggler")]
-    assert [f.subjects.ranks for f in found] == [[5]]
-    assert found[0].state == "open"
+    # one finding, re-sent under its id as its count of slow steps grows (`_says_more`)
+    assert {f.finding_id for f in found} == {found[0].finding_id}
+    assert found[0].subjects.ranks == [5] and found[0].state == "open"
     monkeypatch.setattr(streaming, "RETRY_STEPS", 10**9)  # detection only as a rank turns
     assert _stream_observed(job, "straggler") == []
 
