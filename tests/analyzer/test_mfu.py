@@ -8,7 +8,7 @@ import pytest
 from tests.analyzer import recorded
 from tests.support import simulator as sim
 from vigil import flops, schema
-from vigil.analyzer import arrays, config, engine, mfu, streaming
+from vigil.analyzer import arrays, config, engine, jobstream, mfu, streaming
 
 
 def _drops(*faults: sim.Fault, ranks: int = 64) -> list[schema.Finding]:
@@ -272,7 +272,7 @@ def test_steps_analysed_before_every_rank_reported_them_are_no_throughput_drop(
     job of 10,000 ranks' cannot), the streaming analyzer analyses steps before three of four
     ranks reported them. Their throughput is read from the ranks that did (MFU unknown:
     tokens per second), not as a quarter of the job's."""
-    monkeypatch.setattr(streaming, "MAX_WINDOW_STEPS", 64)
+    monkeypatch.setattr(jobstream, "MAX_WINDOW_STEPS", 64)
     rng = np.random.default_rng(4)
     analyzer = streaming.StreamingAnalyzer()
     job = schema.Job(job_id="fast", name="fast", world_size=4)

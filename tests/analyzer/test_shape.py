@@ -19,7 +19,7 @@ import pytest
 
 from tests.analyzer import recorded
 from vigil import schema
-from vigil.analyzer import findings, shape, streaming
+from vigil.analyzer import findings, jobstream, shape, streaming
 
 SHAPES = recorded.DATA / "jsonl_shapes"
 
@@ -130,7 +130,7 @@ def test_online_the_shapes_number_keeps_up_with_the_episode(job: str, metric: st
     for mode in ("offline", "online"):
         (found,) = recorded.analyse(mode, records)
         numbers[mode] = next(e.observed for e in found.evidence if e.metric == metric)
-    assert numbers["online"] >= (1 - streaming.REDESCRIBE_CHANGE) * numbers["offline"], numbers
+    assert numbers["online"] >= (1 - jobstream.REDESCRIBE_CHANGE) * numbers["offline"], numbers
 
 
 def test_an_intermittent_straggler_whose_median_is_not_up_is_still_reported(
@@ -184,13 +184,13 @@ def test_a_re_sent_finding_keeps_its_id_first_step_and_folded_mfu_drop() -> None
 
     old = straggler(16, 1.5, findings.evidence("mfu", 0.2, 0.3))
     grown = straggler(20, 2.5, findings.evidence("trend", 3.0, 1.6))
-    assert streaming._says_more(old, grown)
-    sent = streaming._carried(old, grown)
+    assert jobstream.says_more(old, grown)
+    sent = jobstream.carried(old, grown)
     assert (sent.finding_id, sent.step_start, sent.detected_s) == (old.finding_id, 16, 16.0)
     assert [e.metric for e in sent.evidence] == ["compute_time", "trend", "mfu"]
     assert sent.summary == "2.5x" and sent.step_end == 30
-    assert not streaming._says_more(old, straggler(20, 1.7))  # steady, 13 % up: not re-sent
-    assert streaming._says_more(old, straggler(20, 1.9))  # 27 % up
+    assert not jobstream.says_more(old, straggler(20, 1.7))  # steady, 13 % up: not re-sent
+    assert jobstream.says_more(old, straggler(20, 1.9))  # 27 % up
 
 
 def test_a_re_described_shape_is_re_sent_when_its_own_number_moves() -> None:
@@ -207,12 +207,12 @@ def test_a_re_described_shape_is_re_sent_when_its_own_number_moves() -> None:
         )  # fmt: skip
 
     slow = shape.SLOW_STEPS_METRIC
-    assert streaming._says_more(straggler(slow, 7, 28), straggler(slow, 10, 40))  # 43 % more
-    assert not streaming._says_more(straggler(slow, 13, 52), straggler(slow, 16, 64))  # 23 %
+    assert jobstream.says_more(straggler(slow, 7, 28), straggler(slow, 10, 40))  # 43 % more
+    assert not jobstream.says_more(straggler(slow, 13, 52), straggler(slow, 16, 64))  # 23 %
     trend = shape.TREND_METRIC
-    assert streaming._says_more(straggler(trend, 2.0, 30), straggler(trend, 2.6, 42))
-    assert not streaming._says_more(straggler(trend, 2.0, 30), straggler(trend, 2.3, 42))
+    assert jobstream.says_more(straggler(trend, 2.0, 30), straggler(trend, 2.6, 42))
+    assert not jobstream.says_more(straggler(trend, 2.0, 30), straggler(trend, 2.3, 42))
     # a steady finding has no shape number: its headline alone decides
-    assert not streaming._says_more(
+    assert not jobstream.says_more(
         straggler("outlier_steps", 7, 28), straggler("outlier_steps", 20, 40)
     )

@@ -9,7 +9,7 @@ import pytest
 from tests.support import observed as ob
 from tests.support import simulator as sim
 from vigil import columns, schema
-from vigil.analyzer import engine, streaming
+from vigil.analyzer import engine, jobstream, streaming
 
 STRAGGLER = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1.25, start_step=20)
 
@@ -203,7 +203,7 @@ def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
     # one finding, re-sent under its id as its count of slow steps grows (`_says_more`)
     assert {f.finding_id for f in found} == {found[0].finding_id}
     assert found[0].subjects.ranks == [5] and found[0].state == "open"
-    monkeypatch.setattr(streaming, "RETRY_STEPS", 10**9)  # detection only as a rank turns
+    monkeypatch.setattr(jobstream, "RETRY_STEPS", 10**9)  # detection only as a rank turns
     assert _stream_observed(job, "straggler") == []
 
 
@@ -226,7 +226,7 @@ def test_a_small_job_s_links_are_judged_every_step(monkeypatch: pytest.MonkeyPat
     min_hits = streaming.config_mod.StragglerConfig().min_hits
     assert _first_slow_link(job) == ([1, 3, 5, 7], 14 + min_hits - 1)
     window = streaming.config_mod.StragglerConfig().window
-    monkeypatch.setattr(streaming._JobStream, "judge_every", lambda _self: window)
+    monkeypatch.setattr(jobstream.JobStream, "judge_every", lambda _self: window)
     found = _first_slow_link(job)
     assert found is not None and found[1] > 14 + min_hits  # once a window: later
 
@@ -235,7 +235,7 @@ def test_large_jobs_judge_links_less_often_as_it_costs_more() -> None:
     cfg = streaming.config_mod.AnalyzerConfig()
     every = {}
     for ranks in (8, 256, 257, 1024, 10_000):
-        stream = streaming._JobStream("big", cfg)
+        stream = jobstream.JobStream("big", cfg)
         for rank in range(ranks):  # each rank reported
             stream.window.column(rank)
         every[ranks] = stream.judge_every()

@@ -5,7 +5,7 @@ flushes are not aligned. The analyzer analyses a step at the latest when a batch
 half its window ahead; with the default 64 steps that came before the other ranks' batches
 holding it, so such steps were scored without those ranks and the ranks' late records were
 dropped (a straggler's own steps among them). The window now grows to hold four batches' worth
-of steps (`streaming.BATCHES_HELD`), within its limits.
+of steps (`jobstream.BATCHES_HELD`), within its limits.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vigil import columns, schema
-from vigil.analyzer import engine, streaming, window
+from vigil.analyzer import engine, jobstream, streaming, window
 
 RANKS, STEPS, FLUSH = 4, 400, 50  # steps per batch
 SLOW, FROM = 2, 100  # rank 2 computes 1.25x from step 100
@@ -60,14 +60,14 @@ def _stream(batches: list[list[schema.Record]]) -> tuple[list[schema.Finding], l
     final length."""
     analyzer = streaming.StreamingAnalyzer()
     seen: list[int] = []
-    original = streaming._JobStream._analyse
+    original = jobstream.JobStream._analyse
 
-    def spy(self: streaming._JobStream, step: int, *args: object) -> list[schema.Finding]:
+    def spy(self: jobstream.JobStream, step: int, *args: object) -> list[schema.Finding]:
         seen.append(int(self.window.reported[step % self.window.capacity]))
         return original(self, step, *args)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(streaming._JobStream, "_analyse", spy)
+        patch.setattr(jobstream.JobStream, "_analyse", spy)
         found = [f for batch in batches for f in analyzer.observe(batch)]
     return found, seen, analyzer._jobs["fast"].window.capacity
 
@@ -89,7 +89,7 @@ def test_a_window_that_cannot_grow_analyses_steps_without_every_rank() -> None:
     # analysed before every rank's batch holding them came.
     _, batches = _job()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(streaming, "MAX_WINDOW_STEPS", 64)
+        patch.setattr(jobstream, "MAX_WINDOW_STEPS", 64)
         _, seen, capacity = _stream(batches)
     assert capacity == 64
     assert min(seen) < RANKS
