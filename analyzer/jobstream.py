@@ -4,7 +4,7 @@
 analyses the steps that became ready (every known rank reported them, or 90 % of ranks reported a
 step `stream_step_lag` newer), oldest first: each step's row is scored (`stragglers.score`), the
 rolling persistence counts updated, and only when a rank newly becomes persistent (or, every
-`RETRY_STEPS` steps, while a persistent rank has no finding yet) the offline detectors run over the
+`retry_every` steps, while a persistent rank has no finding yet) the offline detectors run over the
 window, so streaming and `vigil analyze` agree. Open straggler and data-stall findings are
 re-described every persistence window of steps and re-sent when that says more (`says_more`).
 Pure: no I/O, no clocks, no threads. `streaming.py` routes batches to each job's stream.
@@ -25,12 +25,15 @@ from vigil.analyzer import config as config_mod
 from vigil.analyzer import window as window_mod
 
 Kind = schema.FindingKind
-# A persistent rank that detection did not report is looked at again every this many analysed
-# steps (a detection over the window costs ~0.1 s at 10,000 ranks; the finding comes at most
-# this many steps after offline analysis would date it).
+# A persistent rank that detection did not report is looked at again every analysed step in
+# jobs of up to `RANKS_PER_RETRY_STEP` ranks, every 2 steps up to twice as many, ..., at most
+# every `RETRY_STEPS` (`JobStream.retry_every`; a detection over the window costs ~10 us a
+# rank, ~0.1 s at 10,000 ranks): the finding comes at most that many steps after offline
+# analysis would date it.
 RETRY_STEPS = 3
+RANKS_PER_RETRY_STEP = 1024
 # Links and imbalance are judged over the window every step for jobs of up to this many ranks,
-# every 2 steps up to twice as many, ... (`_JobStream.judge_every`): ~2-3 ms a step at most.
+# every 2 steps up to twice as many, ... (`JobStream.judge_every`): ~2-3 ms a step at most.
 RANKS_PER_JUDGED_STEP = 256
 # A job whose ranks ship many steps a batch (fast steps, a 1 s flush) gets a longer window: 4
 # batches' worth of steps, so that a step is analysed once every rank's batch holding it came
@@ -70,6 +73,9 @@ class JobStream:
             k: np.zeros((cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS
         }
         self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
+        # Whether each rank's current run of hits (an episode, as `robust.persistent_episodes`
+        # has it) has been persistent: its hits can dip below `min_hits` and the episode go on.
+        self.reached = {k: np.zeros(0, dtype=bool) for k in stragglers.RANK_KINDS}
         self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
         # Persistent ranks the last detection did not report (`_unreported`): retried.
         self.unreported = False
@@ -247,7 +253,7 @@ class JobStream:
         self.hang.observe_step_time(step, span_s[1], median_time, span_s[0])
         newly = self._update_hits(scores, span_s[0])
         out: list[schema.Finding] = []
-        retry = self.unreported and self.num_analysed % RETRY_STEPS == 0
+        retry = self.unreported and self.num_analysed % self.retry_every() == 0
         if newly or retry:
             out.extend(self._detect_window())
             self.unreported = self._unreported()
@@ -258,6 +264,11 @@ class JobStream:
         if self.num_analysed % self.judge_every() == 0:
             out.extend(self._imbalance())
         return out
+
+    def retry_every(self) -> int:
+        """Steps between looks at a persistent rank detection did not report (`RETRY_STEPS`)."""
+        ranks = max(self.window.num_ranks, 1)
+        return min(RETRY_STEPS, -(-ranks // RANKS_PER_RETRY_STEP))
 
     def judge_every(self) -> int:
         """Steps between judgements of the window's links and stage/sequence imbalance: every
@@ -286,6 +297,8 @@ class JobStream:
             ring[slot] = flags
             newly |= bool((~before & (hits >= self.cfg.straggler.min_hits)).any())
             self.flag_ring[kind], self.hits[kind] = ring, hits
+            reached = np.pad(self.reached[kind], (0, n - self.reached[kind].size))
+            self.reached[kind] = (reached | (hits >= self.cfg.straggler.min_hits)) & (hits > 0)
             if kind is Kind.STRAGGLER:  # a run of hits begins at its first flagged step
                 if self.began.size < n:
                     self.began = np.pad(
@@ -335,14 +348,15 @@ class JobStream:
         return out
 
     def _unreported(self) -> bool:
-        """Whether a rank is persistent with no open finding of that kind. Its episode can
-        fail a check of the finding's own and pass it steps later, as offline analysis of the
-        whole run finds: the median over the episode so far (`stragglers._moved_up`), which an
-        intermittent straggler's first steps keep at the baseline, or a wait for a CPU that has
-        not yet lasted `min_cpu_wait_episode_s`."""
-        min_hits = self.cfg.straggler.min_hits
+        """Whether a rank's episode has been persistent with no open finding of that kind. Its
+        episode can fail a check of the finding's own and pass it steps later, as offline
+        analysis of the whole run finds, also after its hits dipped below `min_hits`: the
+        median over the episode so far (`stragglers._moved_up`), which an intermittent
+        straggler's first steps keep at the baseline, its slow steps' period
+        (`excess.evident`), or a wait for a CPU that has not yet lasted
+        `min_cpu_wait_episode_s`."""
         for kind in stragglers.RANK_KINDS:
-            persistent = np.flatnonzero(self.hits[kind] >= min_hits)
+            persistent = np.flatnonzero(self.reached[kind])
             if not persistent.size:
                 continue
             reported = {

@@ -9,7 +9,7 @@ import pytest
 from tests.support import observed as ob
 from tests.support import simulator as sim
 from vigil import columns, schema
-from vigil.analyzer import engine, jobstream, streaming
+from vigil.analyzer import arrays, engine, jobstream, stragglers, streaming
 
 STRAGGLER = sim.Fault(kind=sim.FaultKind.STRAGGLER, ranks=(21,), factor=1.25, start_step=20)
 
@@ -203,7 +203,45 @@ def test_a_persistent_rank_first_rejected_is_reported_when_its_evidence_shows(
     # one finding, re-sent under its id as its count of slow steps grows (`_says_more`)
     assert {f.finding_id for f in found} == {found[0].finding_id}
     assert found[0].subjects.ranks == [5] and found[0].state == "open"
-    monkeypatch.setattr(jobstream, "RETRY_STEPS", 10**9)  # detection only as a rank turns
+    monkeypatch.setattr(jobstream.JobStream, "retry_every", lambda _self: 10**9)  # no retries
+    assert _stream_observed(job, "straggler") == []
+
+
+def test_an_episode_whose_hits_dipped_is_still_retried_until_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1F1B pipeline (pp 4 x dp 8) whose rank 1 is 2x slow in its optimizer step every 4th
+    step: its smoothed flags reach persistence (8 of 12) at step ~24 and dip to 7 at step 32
+    while the episode goes on; its finding passes its checks only once its slow steps show a
+    period and its shape is intermittent. Offline analysis reports that episode; the streaming
+    analyzer, which retried only while the rank was persistent at that moment, missed it."""
+    fault = ob.Fault(
+        kind=ob.FaultKind.STRAGGLER, rank=1, start_step=12, factor=2.0,
+        position=ob.Position.OPTIMIZER, every=4,
+    )  # fmt: skip
+    job = ob.run(
+        ob.JobConfig(
+            job_id="dipped", tp=1, dp=8, pp=4, ranks_per_node=8, ddp=False, layers=2,
+            buckets=4, microbatches=4, num_steps=37, compute_s=1.0069, data_s=0.034,
+            dp_transfer_s=0.08, p2p_transfer_s=0.01, jitter=0.0221, hiccup_rate=0.0035,
+            load_bursts=1, heartbeat_loss=0.108, faults=(fault,), seed=3026,
+        )
+    )  # fmt: skip
+    offline = engine.analyze_arrays(arrays.from_records(job.all_records(), job_id="dipped"))
+    assert [(f.kind, f.subjects.ranks) for f in offline] == [("straggler", [1])]
+    found = [f for f, _newest in _stream_observed(job, "straggler")]
+    assert found and {tuple(f.subjects.ranks) for f in found} == {(1,)}, found
+    assert "intermittent" in found[-1].summary, found[-1].summary
+    # Retrying only while persistent at that moment, as before, misses it.
+    monkeypatch.setattr(
+        jobstream.JobStream,
+        "_unreported",
+        lambda self: any(
+            (self.hits[k] >= self.cfg.straggler.min_hits).any()
+            and not any(key[0] is k for key in self.open)
+            for k in stragglers.RANK_KINDS
+        ),
+    )
     assert _stream_observed(job, "straggler") == []
 
 
