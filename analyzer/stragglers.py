@@ -370,7 +370,8 @@ def rank_finding(
     ]
     peers = robust.others_median(values[rows], stage_groups(a.stages))[:, col]
     with np.errstate(all="ignore"):  # its value over its scoring group's others' median
-        spread = shape.of(values[rows, col] / peers)
+        step = robust.nanmedian(a.step_time_s[rows], 1)
+        spread = shape.of(values[rows, col] / peers, (values[rows, col] - peers) / step)
     ev.extend(shape.evidence(spread))
     note = ""
     if kind is Kind.STRAGGLER:

@@ -101,7 +101,10 @@ def test_the_slow_rank_is_named_wherever_it_is_slow(
 
 @pytest.mark.parametrize(
     ("job", "rank", "says"),
-    [("plain-intermittent", 3, "(every 4th step;"), ("plain-ramp", 2, ", growing from ")],
+    [
+        ("plain-intermittent", 3, "(every 4th step;"),
+        ("plain-ramp", 2, ", its excess over its peers growing from "),
+    ],
 )
 def test_a_straggler_says_whether_it_is_slow_now_and_then_or_more_and_more(
     runs: dict[str, Path], job: str, rank: int, says: str
