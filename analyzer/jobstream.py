@@ -4,8 +4,8 @@
 analyses the steps that became ready (every known rank reported them, or 90 % of ranks reported a
 step `stream_step_lag` newer), oldest first: each step's row is scored (`stragglers.score`), the
 rolling persistence counts updated, and only when a rank newly becomes persistent (or, every
-`retry_every` steps, while a persistent rank has no finding yet) the offline detectors run over the
-window, so streaming and `vigil analyze` agree. Open straggler and data-stall findings are
+`retry_every` steps, while a persistent episode has no finding yet) the offline detectors run over
+the window, so streaming and `vigil analyze` agree. Open straggler and data-stall findings are
 re-described every persistence window of steps and re-sent when that says more (`says_more`).
 Pure: no I/O, no clocks, no threads. `streaming.py` routes batches to each job's stream.
 """
@@ -458,16 +458,14 @@ def says_more(old: schema.Finding, fresh: schema.Finding) -> bool:
     """Whether `fresh` describes the episode otherwise: another shape, a headline ratio
     `REDESCRIBE_CHANGE` away from the reported one, or the shape's own number as far (an
     intermittent straggler's count of slow steps, whose median stays what its usual steps look
-    like; a growing one's latest ratio to its peers)."""
+    like; a growing one's latest excess share of the step)."""
     if shape.said(old.evidence) is not shape.said(fresh.evidence):
         return True
     before, now = old.evidence[0], fresh.evidence[0]
     if before.metric != now.metric or not before.baseline or not now.baseline:
         return before.metric != now.metric
-    was, ratio = before.observed / before.baseline, now.observed / now.baseline
-    return abs(ratio - was) >= REDESCRIBE_CHANGE * was or _moved(
-        _shape_number(old), _shape_number(fresh)
-    )
+    headline = _moved(before.observed / before.baseline, now.observed / now.baseline)
+    return headline or _moved(_shape_number(old), _shape_number(fresh))
 
 
 def _shape_number(f: schema.Finding) -> float | None:
@@ -477,6 +475,7 @@ def _shape_number(f: schema.Finding) -> float | None:
 
 
 def _moved(was: float | None, now: float | None) -> bool:
+    """Whether `now` is `REDESCRIBE_CHANGE` of `was` away from it (None: no number)."""
     return was is not None and now is not None and abs(now - was) >= REDESCRIBE_CHANGE * abs(was)
 
 
