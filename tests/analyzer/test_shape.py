@@ -176,6 +176,21 @@ def test_an_intermittent_straggler_whose_median_is_not_up_is_still_reported(
     assert recorded.analyse("offline", records) == []
 
 
+def test_an_intermittent_straggler_whose_other_steps_read_high_by_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real plain loop (a CI run of `tests/realjobs/test_detection.py`) whose rank 3 is 2x
+    slow every 4th step: its compute is a few ms of a ~100 ms step, so its other steps read
+    ~1.7x its peers' median, ~3 % of a step; by the ratio alone it was slow in every step."""
+    records = recorded.records(SHAPES / "plain-intermittent-others-high")
+    (found,) = recorded.analyse("offline", records)
+    assert recorded.named([found]) == [("straggler", [3])]
+    assert "(every 4th step;" in found.summary, found.summary
+    monkeypatch.setattr(shape, "OTHER_SHARE", 0.0)
+    (found,) = recorded.analyse("offline", records)
+    assert "intermittent" not in found.summary, found.summary
+
+
 def test_a_steady_stage_drifting_up_is_not_growing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real pipeline whose stage 1 is 2x slow from step 8: its ratio to its peers drifted
     from ~4.3x to ~5.6x, in order (the ratios' line called it growing); its excess share of
