@@ -1,30 +1,12 @@
 """The per-rank progress page: a small mmap'd file in /dev/shm the node agent can read while the
-training process is wedged. Pages live in per-run folders (`rundir.py` names and removes them).
-
-Layout (little-endian, fixed offsets; `PAGE_VERSION` changes with it):
-
-| offset | block   | written by | holds |
-|--------|---------|------------|-------|
-| 0      | meta    | SDK, once  | magic, version, capacity, pid, rank, world, job, node, pid ns |
-| 256    | live    | SDK        | state, last step, last (group, seq, op), timestamps, ring head |
-| 384    | step    | SDK        | last step's time, MFU, comm wait, collective time, tokens, loss |
-| 512    | health  | SDK        | errors, dropped/queued records, ship errors, quarantined batches |
-| 576    | control | agent/SDK  | a control request (seq, kind) from the agent and the SDK's ack |
-| 640    | later   | SDK thread | newest op published after launch: ring head, last op, times |
-| 1024   | ring    | SDK        | the last `capacity` collective events, 128-byte slots |
-
-Every block written while others may read is guarded by a seqlock (odd while writing); readers
-retry a bounded number of times. Ops that run behind compute (DDP's gradient buckets) are put on
-the page after their launch by the SDK's background thread (`publish_events`), not in the
-training thread's backward: their slots and the "later" block are that thread's alone, and a
-reader takes the position (ring head, last op, progress time) of whichever block saw the newer
-op. This module owns the layout and nothing else: no torch, no threads, no network.
+training process is wedged. `PageWriter` is the SDK's side (it creates the page and updates it in
+place), `PageReader` the agent's (consistent snapshots, the ring of collectives, control
+requests). Where each block sits and how it is packed is `pagelayout.py`'s; its names a caller
+needs are re-exported here. No torch, no threads, no network.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import mmap
 import os
@@ -32,175 +14,59 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from vigil import schema
+from vigil.agent.pagelayout import (
+    ACK,
+    CODE_STATES,
+    COMPUTE,
+    CONTROL,
+    F64,
+    HEALTH,
+    IN_COLLECTIVE,
+    LATER,
+    LIVE,
+    MAGIC,
+    META,
+    OFF_ACK,
+    OFF_CONTROL,
+    OFF_HEALTH,
+    OFF_LATER,
+    OFF_LIVE,
+    OFF_META,
+    OFF_RING,
+    OFF_STEP,
+    PAGE_SUFFIX,
+    PAGE_VERSION,
+    SEQ,
+    SLOT,
+    SLOT_SIZE,
+    STATE_CODES,
+    STEP,
+    Health,
+    LaterEvent,
+    PageSnapshot,
+    StepSummary,
+    decode_name,
+    discover,
+    encode_dtype,
+    encode_group,
+    encode_name,
+    encode_op,
+    page_path,
+    state_code,
+)
 
-MAGIC = b"VGLPAGE1"
-PAGE_VERSION = 1
-PAGE_SUFFIX = ".page"
+__all__ = [
+    "PAGE_SUFFIX", "Health", "LaterEvent", "PageReader", "PageSnapshot", "PageWriter",
+    "StepSummary", "discover", "encode_dtype", "encode_group", "encode_op", "page_path",
+]  # fmt: skip
 
-# The PID namespace (`readlink /proc/self/ns/pid`) sits in what was padding: older pages read "".
-_META = struct.Struct("<8sIIIIIII4x128s64s24s")
-# state, checkpoints, last step, progress mono/wall, step start mono, last seq, last group, last
-# op, ring head. The checkpoint count (checkpoint spans finished) sits in what was padding:
-# older pages read 0.
-_LIVE = struct.Struct("<BxxxIqdddQ32s24sQ")
-_STEP = struct.Struct("<qdddddqd")
-_HEALTH = struct.Struct("<QQQQQ")
-_CONTROL = struct.Struct("<Q16s")
-_ACK = struct.Struct("<Q")
-_SLOT = struct.Struct("<QqQddd32s24s16s")
-_SEQ = struct.Struct("<Q")
-_F64 = struct.Struct("<d")
-# ring head, last seq, last group, last op, progress mono/wall (`publish_events`)
-_LATER = struct.Struct("<QQ32s24sdd")
-
-_OFF_META = 0
-_OFF_LIVE = 256
-_OFF_STEP = 384
-_OFF_HEALTH = 512
-_OFF_CONTROL = 576
-_OFF_ACK = 608
-_OFF_LATER = 640
-_OFF_RING = 1024
-SLOT_SIZE = 128
 # A reader retries a block that is being written; in the writer's own process it must also let
 # the writer run (the GIL), hence the short sleeps. 1 s without a stable read means a wedged writer
 # died mid-write (the block stays odd forever).
 _READ_DEADLINE_S = 1.0
-
-STATE_CODES: dict[schema.RankState, int] = {s: i for i, s in enumerate(schema.RankState)}
-CODE_STATES: dict[int, schema.RankState] = {i: s for s, i in STATE_CODES.items()}
-# Enum members hash through a Python-level __hash__; the hot paths look members up by identity.
-_CODES_BY_ID: dict[int, int] = {id(s): i for s, i in STATE_CODES.items()}
-_IN_COLLECTIVE = STATE_CODES[schema.RankState.IN_COLLECTIVE]
-_COMPUTE = STATE_CODES[schema.RankState.COMPUTE]
-
-
-def _state_code(state: schema.RankState) -> int:
-    code = _CODES_BY_ID.get(id(state))
-    return STATE_CODES[state] if code is None else code
-
-
-assert _OFF_LIVE + 8 + _LIVE.size <= _OFF_STEP
-assert _OFF_STEP + 8 + _STEP.size <= _OFF_HEALTH
-assert _OFF_HEALTH + 8 + _HEALTH.size <= _OFF_CONTROL
-assert _OFF_CONTROL + _CONTROL.size <= _OFF_ACK
-assert _OFF_ACK + _ACK.size <= _OFF_LATER and _OFF_LATER + 8 + _LATER.size <= _OFF_RING
-assert 8 + _SLOT.size <= SLOT_SIZE
-
-
-def page_path(progress_dir: Path, job: str, rank: int, run_id: str | None = None) -> Path:
-    """Rank `rank`'s page of run `run_id` of `job` (`<root>/<job>/<run>/`, see `rundir.py`);
-    without a run id, the newest run's page of that rank that exists (FileNotFoundError if none)."""
-    name = f"rank-{rank:05d}{PAGE_SUFFIX}"
-    if run_id is not None:
-        return Path(progress_dir) / job / run_id / name
-    found = sorted(Path(progress_dir).glob(f"{glob_escape(job)}/*/{name}"), key=_mtime)
-    if not found:
-        raise FileNotFoundError(f"no page of rank {rank} of job {job!r} under {progress_dir}")
-    return found[-1]
-
-
-def glob_escape(text: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-
-
-@functools.lru_cache(maxsize=4096)  # group/op/dtype names repeat: encode each once
-def _enc(text: str, size: int) -> bytes:
-    return text.encode("utf-8")[:size]
-
-
-def encode_group(name: str) -> bytes:
-    """A process group's name as the page stores it (callers on hot paths encode once)."""
-    return _enc(name, 32)
-
-
-def encode_op(op: str) -> bytes:
-    return _enc(op, 24)
-
-
-def encode_dtype(dtype: str) -> bytes:
-    return _enc(dtype, 16)
-
-
-class LaterEvent(NamedTuple):
-    """An op put on the page after its launch (`PageWriter.publish_events`): `wall`/`mono`
-    its launch, `end_wall` its end (0: not yet)."""
-
-    ring_index: int
-    seq: int
-    step: int
-    nbytes: int
-    wall: float
-    mono: float
-    end_wall: float
-    group_b: bytes
-    op_b: bytes
-    dtype_b: bytes
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepSummary:
-    step: int = -1
-    step_time_s: float = 0.0
-    mfu: float = 0.0
-    comm_wait_s: float = 0.0
-    collective_s: float = 0.0
-    end_wall_s: float = 0.0
-    tokens: int = 0
-    loss: float = float("nan")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Health:
-    internal_errors: int = 0
-    dropped_records: int = 0
-    ship_errors: int = 0
-    queued_records: int = 0
-    quarantined_batches: int = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PageSnapshot:
-    """One consistent reading of a rank's page."""
-
-    path: Path
-    job: str
-    node: str
-    rank: int
-    world_size: int
-    local_rank: int
-    pid: int
-    # The writer's PID namespace ("" when unknown): `pid` means nothing in another one.
-    pid_ns: str = ""
-    capacity: int
-    state: schema.RankState
-    last_step: int
-    progress_mono_s: float
-    progress_wall_s: float
-    step_start_mono_s: float
-    last_group: str
-    last_seq: int
-    last_op: str
-    ring_head: int
-    last: StepSummary
-    # Checkpoint spans this rank has finished: a rank still in a save its peers finished is
-    # behind them (the analyzer's hang tracker), not in a long save every rank makes.
-    checkpoints: int = 0
-    health: Health
 
 
 class PageWriter:
@@ -221,7 +87,7 @@ class PageWriter:
         self.path = Path(path)
         self.capacity = capacity
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        size = _OFF_RING + capacity * SLOT_SIZE
+        size = OFF_RING + capacity * SLOT_SIZE
         tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -229,9 +95,9 @@ class PageWriter:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        _META.pack_into(
+        META.pack_into(
             self._map,
-            _OFF_META,
+            OFF_META,
             MAGIC,
             PAGE_VERSION,
             capacity,
@@ -240,11 +106,11 @@ class PageWriter:
             rank,
             world_size,
             local_rank,
-            _enc(job, 128),
-            _enc(node, 64),
-            _enc(pid_ns, 24),
+            encode_name(job, 128),
+            encode_name(node, 64),
+            encode_name(pid_ns, 24),
         )
-        self._seq = {_OFF_STEP: 0, _OFF_HEALTH: 0, _OFF_LATER: 0}
+        self._seq = {OFF_STEP: 0, OFF_HEALTH: 0, OFF_LATER: 0}
         self._later_head = 0  # the ring head as of the newest op `publish_events` wrote
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
@@ -254,18 +120,18 @@ class PageWriter:
 
     def _guarded(self, offset: int, packer: struct.Struct, *values: object) -> None:
         seq = self._seq[offset] + 1
-        _SEQ.pack_into(self._map, offset, seq)
+        SEQ.pack_into(self._map, offset, seq)
         packer.pack_into(self._map, offset + 8, *values)
         self._seq[offset] = seq + 1
-        _SEQ.pack_into(self._map, offset, seq + 1)
+        SEQ.pack_into(self._map, offset, seq + 1)
 
     def _write_live(self) -> None:
         seq = self._live_seq + 1
         buf = self._map
-        _SEQ.pack_into(buf, _OFF_LIVE, seq)
-        _LIVE.pack_into(buf, _OFF_LIVE + 8, *self._live)
+        SEQ.pack_into(buf, OFF_LIVE, seq)
+        LIVE.pack_into(buf, OFF_LIVE + 8, *self._live)
         self._live_seq = seq + 1
-        _SEQ.pack_into(buf, _OFF_LIVE, seq + 1)
+        SEQ.pack_into(buf, OFF_LIVE, seq + 1)
 
     @property
     def checkpoints(self) -> int:
@@ -284,7 +150,7 @@ class PageWriter:
         """Mark progress: a new state (and step) at this instant; `checkpoint_done`: a
         checkpoint span just ended (counted in the page's `checkpoints`)."""
         live = self._live
-        live[0] = _state_code(state)
+        live[0] = state_code(state)
         if checkpoint_done:
             live[1] = cast(int, live[1]) + 1
         if step is not None:
@@ -297,7 +163,7 @@ class PageWriter:
         """`progress(COMPUTE, now_mono=..., now_wall=..., step=step)`, positional (the step
         boundary's hot path)."""
         live = self._live
-        live[0] = _COMPUTE
+        live[0] = COMPUTE
         live[2] = step
         live[3], live[4], live[5] = now_mono, now_wall, now_mono
         self._write_live()
@@ -317,11 +183,11 @@ class PageWriter:
         """`step_done(...)` (its end at `now_wall`) then `progress(COMPUTE, now_mono=...,
         now_wall=...)`, in one call (the step boundary's hot path)."""
         self._guarded(
-            _OFF_STEP, _STEP, step, step_time_s, mfu, comm_wait_s, collective_s, now_wall, tokens,
+            OFF_STEP, STEP, step, step_time_s, mfu, comm_wait_s, collective_s, now_wall, tokens,
             loss,
         )  # fmt: skip
         live = self._live
-        live[0] = _COMPUTE
+        live[0] = COMPUTE
         live[3], live[4] = now_mono, now_wall
         self._write_live()
 
@@ -342,7 +208,7 @@ class PageWriter:
     ) -> None:
         """`collective()` with encoded names and positional arguments (the recorder's hot path)."""
         live = self._live
-        live[0] = _IN_COLLECTIVE if entering else _COMPUTE
+        live[0] = IN_COLLECTIVE if entering else COMPUTE
         live[3], live[4] = now_mono, now_wall
         live[6], live[7], live[8] = seq, group_b, op_b
         self._write_live()
@@ -365,14 +231,14 @@ class PageWriter:
         Names come encoded once by the caller (`encode_group`, `encode_op`, `encode_dtype`)."""
         buf = self._map
         capacity = self.capacity
-        offset = _OFF_RING + (index % capacity) * SLOT_SIZE
+        offset = OFF_RING + (index % capacity) * SLOT_SIZE
         version = (index // capacity) * 2 + 1
-        _SEQ.pack_into(buf, offset, version)
-        _SLOT.pack_into(buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, dtype_b)
-        _SEQ.pack_into(buf, offset, version + 1)
+        SEQ.pack_into(buf, offset, version)
+        SLOT.pack_into(buf, offset + 8, seq, step, nbytes, wall, wall, 0.0, group_b, op_b, dtype_b)
+        SEQ.pack_into(buf, offset, version + 1)
         live = self._live
         live[9] = index + 1
-        live[0] = _IN_COLLECTIVE if entering else _COMPUTE
+        live[0] = IN_COLLECTIVE if entering else COMPUTE
         live[3], live[4] = now_mono, wall
         live[6], live[7], live[8] = seq, group_b, op_b
         self._write_live()
@@ -398,7 +264,7 @@ class PageWriter:
         if newest is not None and newest.ring_index + 1 > self._later_head:
             self._later_head = newest.ring_index + 1
             self._guarded(
-                _OFF_LATER, _LATER, self._later_head, newest.seq, newest.group_b, newest.op_b,
+                OFF_LATER, LATER, self._later_head, newest.seq, newest.group_b, newest.op_b,
                 newest.mono, newest.wall,
             )  # fmt: skip
 
@@ -416,14 +282,14 @@ class PageWriter:
         dtype_b: bytes,
     ) -> None:
         """Ring slot `index % capacity`, seqlocked by its lap (`begin_event` inlines this)."""
-        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+        offset = OFF_RING + (index % self.capacity) * SLOT_SIZE
         version = (index // self.capacity) * 2 + 1
-        _SEQ.pack_into(self._map, offset, version)
-        _SLOT.pack_into(
+        SEQ.pack_into(self._map, offset, version)
+        SLOT.pack_into(
             self._map, offset + 8, seq, step, nbytes, enqueue_s, start_s, end_s, group_b, op_b,
             dtype_b,
         )  # fmt: skip
-        _SEQ.pack_into(self._map, offset, version + 1)
+        SEQ.pack_into(self._map, offset, version + 1)
 
     def write_event(
         self,
@@ -441,8 +307,8 @@ class PageWriter:
     ) -> None:
         """Write ring slot `index % capacity` (index counts every event ever written)."""
         self._slot(
-            index, seq, step, nbytes, enqueue_s, start_s, end_s, _enc(group, 32), _enc(op, 24),
-            _enc(dtype, 16),
+            index, seq, step, nbytes, enqueue_s, start_s, end_s, encode_group(group),
+            encode_op(op), encode_dtype(dtype),
         )  # fmt: skip
         # The ring head reaches readers with the next live-block write (the collective() call
         # that follows every write_event), saving one seqlocked write per collective.
@@ -450,10 +316,10 @@ class PageWriter:
 
     def finish_event(self, index: int, end_s: float) -> None:
         """Fill in the completion time of an event written earlier (if its slot still holds it)."""
-        offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
+        offset = OFF_RING + (index % self.capacity) * SLOT_SIZE
         version = (index // self.capacity) * 2 + 2
-        if _SEQ.unpack_from(self._map, offset)[0] == version:
-            _F64.pack_into(self._map, offset + 8 + 40, end_s)
+        if SEQ.unpack_from(self._map, offset)[0] == version:
+            F64.pack_into(self._map, offset + 8 + 40, end_s)
 
     def step_done(
         self,
@@ -468,8 +334,8 @@ class PageWriter:
     ) -> None:
         """The last finished step (`StepSummary`'s fields; positional on the step-end path)."""
         self._guarded(
-            _OFF_STEP,
-            _STEP,
+            OFF_STEP,
+            STEP,
             step,
             step_time_s,
             mfu,
@@ -482,8 +348,8 @@ class PageWriter:
 
     def health(self, health: Health) -> None:
         self._guarded(
-            _OFF_HEALTH,
-            _HEALTH,
+            OFF_HEALTH,
+            HEALTH,
             health.internal_errors,
             health.dropped_records,
             health.ship_errors,
@@ -493,15 +359,15 @@ class PageWriter:
 
     def control(self) -> tuple[int, str]:
         """The latest control request (seq, kind) the agent wrote; seq 0 means none."""
-        seq, kind = _CONTROL.unpack_from(self._map, _OFF_CONTROL)
-        return int(seq), _text(kind)
+        seq, kind = CONTROL.unpack_from(self._map, OFF_CONTROL)
+        return int(seq), decode_name(kind)
 
     def control_seq(self) -> int:
         """The latest control request's seq alone (cheaper than `control()`)."""
-        return int(_ACK.unpack_from(self._map, _OFF_CONTROL)[0])
+        return int(ACK.unpack_from(self._map, OFF_CONTROL)[0])
 
     def ack(self, seq: int) -> None:
-        _ACK.pack_into(self._map, _OFF_ACK, seq)
+        ACK.pack_into(self._map, OFF_ACK, seq)
 
     def close(self, *, unlink: bool = False) -> None:
         try:
@@ -518,23 +384,27 @@ class PageReader:
         self.path = Path(path)
         with open(self.path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), 0)
-        if len(self._map) < _OFF_RING or self._map[:8] != MAGIC:
+        if len(self._map) < OFF_RING or self._map[:8] != MAGIC:
             self._map.close()
             raise ValueError(f"{self.path} is not a vigil progress page (bad magic)")
-        meta = _META.unpack_from(self._map, _OFF_META)
+        meta = META.unpack_from(self._map, OFF_META)
         if meta[1] != PAGE_VERSION:
             self._map.close()
             raise ValueError(f"{self.path}: page version {meta[1]}, expected {PAGE_VERSION}")
         (_, _, self.capacity, _, self.pid, self.rank, self.world_size, self.local_rank) = meta[:8]
-        self.job, self.node, self.pid_ns = _text(meta[8]), _text(meta[9]), _text(meta[10])
+        self.job, self.node, self.pid_ns = (
+            decode_name(meta[8]),
+            decode_name(meta[9]),
+            decode_name(meta[10]),
+        )
 
     def _read(self, offset: int, packer: struct.Struct) -> tuple[Any, ...]:
         deadline = 0.0
         while True:
-            before = _SEQ.unpack_from(self._map, offset)[0]
+            before = SEQ.unpack_from(self._map, offset)[0]
             if not before % 2:
                 values = packer.unpack_from(self._map, offset + 8)
-                if _SEQ.unpack_from(self._map, offset)[0] == before:
+                if SEQ.unpack_from(self._map, offset)[0] == before:
                     return tuple(values)
             now = time.monotonic()
             deadline = deadline or now + _READ_DEADLINE_S
@@ -543,15 +413,15 @@ class PageReader:
             time.sleep(0.0005)
 
     def snapshot(self) -> PageSnapshot:
-        live = list(self._read(_OFF_LIVE, _LIVE))
-        head, seq, group, op, mono, wall = self._read(_OFF_LATER, _LATER)
+        live = list(self._read(OFF_LIVE, LIVE))
+        head, seq, group, op, mono, wall = self._read(OFF_LATER, LATER)
         if head > live[9]:  # an op published after its launch is the newest on the page ...
             live[9] = head
-            if live[0] != _IN_COLLECTIVE:  # ... and the rank's position, unless it is inside one
+            if live[0] != IN_COLLECTIVE:  # ... and the rank's position, unless it is inside one
                 live[6:9] = seq, group, op
                 live[3], live[4] = max(live[3], mono), max(live[4], wall)
-        step = self._read(_OFF_STEP, _STEP)
-        health = self._read(_OFF_HEALTH, _HEALTH)
+        step = self._read(OFF_STEP, STEP)
+        health = self._read(OFF_HEALTH, HEALTH)
         last = StepSummary()
         if step[0] >= 0 and step[1] > 0:
             last = StepSummary(
@@ -580,8 +450,8 @@ class PageReader:
             progress_wall_s=live[4],
             step_start_mono_s=live[5],
             last_seq=live[6],
-            last_group=_text(live[7]),
-            last_op=_text(live[8]),
+            last_group=decode_name(live[7]),
+            last_op=decode_name(live[8]),
             ring_head=live[9],
             checkpoints=live[1],
             last=last,
@@ -604,22 +474,22 @@ class PageReader:
         self, first: int, head: int, job: str
     ) -> Iterator[schema.CollectiveEvent | None]:
         for index in range(first, head):
-            offset = _OFF_RING + (index % self.capacity) * SLOT_SIZE
-            version = _SEQ.unpack_from(self._map, offset)[0]
+            offset = OFF_RING + (index % self.capacity) * SLOT_SIZE
+            version = SEQ.unpack_from(self._map, offset)[0]
             if version != (index // self.capacity) * 2 + 2:
                 yield None
                 continue
-            seq, step, nbytes, enq, start, end, group, op, dtype = _SLOT.unpack_from(
+            seq, step, nbytes, enq, start, end, group, op, dtype = SLOT.unpack_from(
                 self._map, offset + 8
             )
             yield schema.CollectiveEvent(
                 job_id=job,
                 rank=self.rank,
-                group=_text(group) or "?",
+                group=decode_name(group) or "?",
                 seq=seq,
-                op=_text(op) or "?",
+                op=decode_name(op) or "?",
                 bytes=nbytes,
-                dtype=_text(dtype),
+                dtype=decode_name(dtype),
                 step=max(0, step),
                 enqueue_s=enq,
                 start_s=start,
@@ -630,20 +500,12 @@ class PageReader:
         """Ask the rank to run its `kind` callback at its next step boundary; returns the seq."""
         if not kind or len(kind.encode()) > 16:
             raise ValueError(f"control kind {kind!r} must be 1..16 bytes")
-        seq = int(_CONTROL.unpack_from(self._map, _OFF_CONTROL)[0]) + 1
-        _CONTROL.pack_into(self._map, _OFF_CONTROL, seq, kind.encode())
+        seq = int(CONTROL.unpack_from(self._map, OFF_CONTROL)[0]) + 1
+        CONTROL.pack_into(self._map, OFF_CONTROL, seq, kind.encode())
         return seq
 
     def acked(self) -> int:
-        return int(_ACK.unpack_from(self._map, _OFF_ACK)[0])
+        return int(ACK.unpack_from(self._map, OFF_ACK)[0])
 
     def close(self) -> None:
         self._map.close()
-
-
-def discover(progress_dir: Path, job: str | None = None) -> list[Path]:
-    """Every rank page under `progress_dir` (`<job>/<run>/rank-NNNNN.page`), or `job`'s alone."""
-    root = Path(progress_dir)
-    if not root.is_dir():
-        return []
-    return sorted(root.glob(f"{'*' if job is None else glob_escape(job)}/*/*{PAGE_SUFFIX}"))
