@@ -23,12 +23,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
-from vigil import outbox, schema, spool
+from vigil import schema
 from vigil.agent import (
     background,
     collectives,
@@ -39,10 +38,10 @@ from vigil.agent import (
     patching,
     phases,
     progress,
+    rankfiles,
     rundir,
     sinks,
 )
-from vigil.env import EnvVar
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +117,9 @@ class Session:
         )
         # This run's own folder: its ranks on this node share it, other runs never do.
         self.run_dir = rundir.run_path(cfg.progress_dir, cfg.job, self.run_id)
-        # Held for the process's life, from before its page is visible: the agent's liveness
-        # signal, valid across PID namespaces (`rundir.page_alive`).
-        self._lock_fd: int | None = None
-        self.page = self._open_page()
+        # The page, and its lock: held for the process's life, from before the page is
+        # visible (the agent's liveness signal); let go at a clean end (`rankfiles.release`).
+        self.page, self._lock_fd = rankfiles.open_page(cfg, self.run_dir, self.run_id)
         self.queue = sinks.RecordQueue(cfg.max_queued_records)
         self.recorder = collectives.CollectiveRecorder(
             page=self.page,
@@ -156,8 +154,8 @@ class Session:
         self.device_kind, self.peak_flops = self._resolve_peak()
         self.flops_per_token = self._resolve_flops()
         self._count_flops_next = cfg.measure_flops and self.flops_per_token is None
-        self._stacks_file = self._open_stacks_file()
-        self.shipper: outbox.Outbox | None = None
+        self._stacks_file = rankfiles.open_stacks_file(cfg, self.run_dir)
+        sink, self.shipper = rankfiles.make_sink(cfg, self.run_dir)
         self.background = background.Background(
             cfg=cfg,
             queue=self.queue,
@@ -173,13 +171,19 @@ class Session:
         )
         self.flusher = sinks.Flusher(
             queue=self.queue,
-            sink=self._make_sink(),
+            sink=sink,
             interval_s=cfg.flush_interval_s,
             tick=self.background.tick,
             on_error=self.count_error,
             name=f"vigil-{cfg.rank_tag}",
         )
-        self._emit_identity()
+        for record in rankfiles.identity(
+            cfg,
+            device_uuid=background.device_uuid(),
+            device_kind=self.device_kind,
+            peak_flops=self.peak_flops,
+        ):
+            self.queue.put(record)
         if cfg.time_collectives:
             patching.install(self.recorder)
         self._publish(schema.RankState.STARTING)
@@ -189,44 +193,7 @@ class Session:
         # killer) sends nothing more, which is how the analyzer names a crash's culprit.
         atexit.register(self._at_exit)
 
-    # -- set-up ---------------------------------------------------------------------------
-    def _open_page(self) -> progress.PageWriter:
-        cfg = self.cfg
-        for attempt in range(3):  # the agent may expire a dead earlier attempt's folder meanwhile
-            rundir.make_dir(self.run_dir)
-            page = self.run_dir / f"{cfg.rank_tag}{progress.PAGE_SUFFIX}"
-            try:
-                rundir.write_manifest(
-                    self.run_dir,
-                    job=cfg.job,
-                    run=self.run_id,
-                    output_dir=self._output_dir() if self._writes_jsonl() else None,
-                    pod=cfg.pod,
-                )
-                if self._lock_fd is None:
-                    self._lock_fd = rundir.hold_lock(rundir.lock_path(page))
-                return progress.PageWriter(
-                    page,
-                    job=cfg.job,
-                    node=cfg.node,
-                    rank=cfg.rank,
-                    world_size=cfg.world_size,
-                    local_rank=cfg.local_rank,
-                    capacity=cfg.ring_capacity,
-                    pid_ns=rundir.pid_namespace(),
-                )
-            except FileNotFoundError:  # the folder went, and our lock file with it
-                self._drop_lock()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _writes_jsonl(self) -> bool:
-        return not self.cfg.collector or self.cfg.also_jsonl
-
-    def _own_spool(self) -> Path:
-        return self.cfg.spool_dir or self.run_dir / f"{self.cfg.rank_tag}{spool.SPOOL_SUFFIX}"
-
+    # -- set-up and errors ------------------------------------------------------------------
     def _resolve_peak(self) -> tuple[str, float]:
         kind, measured = mfu.device_peak(
             measure_cpu=self.cfg.measure_cpu_peak and self.cfg.peak_flops is None
@@ -239,74 +206,6 @@ class Session:
         if self.cfg.model_shape is not None:
             return mfu.palm_flops_per_token(self.cfg.model_shape)
         return None
-
-    def _make_sink(self) -> sinks.Sink:
-        cfg = self.cfg
-        if cfg.collector:
-            self.shipper = outbox.Outbox(
-                config.ShipperConfig(
-                    collector_url=cfg.collector,
-                    spool_dir=self._own_spool(),
-                    token=cfg.token,
-                    spool_max_bytes=cfg.spool_max_bytes,
-                    max_server_errors=cfg.max_server_errors,
-                ),
-                source=f"{cfg.node}/{cfg.rank_tag}",
-            )
-            if not cfg.also_jsonl:
-                return self.shipper
-            return sinks.TeeSink(self.shipper, self._jsonl_sink())
-        return self._jsonl_sink()
-
-    def _jsonl_sink(self) -> sinks.JsonlSink:
-        # One file per attempt under a restarting launcher (vigil run, torchrun): a restarted
-        # rank never appends to the attempt before it, and `vigil analyze` tells them apart.
-        attempt = os.environ.get(EnvVar.RESTART_COUNT) or os.environ.get(
-            "TORCHELASTIC_RESTART_COUNT", "0"
-        )
-        tag = f".attempt-{attempt}" if attempt.isdigit() and int(attempt) > 0 else ""
-        return sinks.JsonlSink(self._output_dir() / f"{self.cfg.rank_tag}{tag}.jsonl")
-
-    def _output_dir(self) -> Path:
-        return (self.cfg.output_dir or Path("vigil-output")) / self.cfg.job
-
-    def _open_stacks_file(self) -> IO[str] | None:
-        if not self.cfg.stack_signal:
-            return None
-        path = self.run_dir / f"{self.cfg.rank_tag}{rundir.STACKS_SUFFIX}"
-        handle = open(path, "a")  # noqa: SIM115 - faulthandler writes to it until shutdown
-        try:
-            faulthandler.register(self.cfg.stack_signal, file=handle, all_threads=True)
-        except (ValueError, RuntimeError) as exc:  # not the main interpreter, odd platform
-            log.warning("cannot register stack dumps on signal %d: %s", self.cfg.stack_signal, exc)
-        return handle
-
-    def _emit_identity(self) -> None:
-        cfg = self.cfg
-        self.queue.put(
-            schema.RankInfo(
-                job_id=cfg.job,
-                rank=cfg.rank,
-                node=cfg.node,
-                local_rank=cfg.local_rank,
-                pid=os.getpid(),
-                pod=cfg.pod,
-                device_uuid=background.device_uuid(),
-                world_size=cfg.world_size,
-            )
-        )
-        if cfg.rank == 0:
-            self.queue.put(
-                schema.Job(
-                    job_id=cfg.job,
-                    name=cfg.job,
-                    world_size=cfg.world_size,
-                    model=cfg.model_shape,
-                    device_kind=self.device_kind,
-                    peak_flops=self.peak_flops,
-                    created_s=time.time(),
-                )
-            )
 
     def count_error(self, exc: BaseException) -> None:
         self.internal_errors += 1
@@ -550,26 +449,5 @@ class Session:
         self._cpu_wait.close()
         self.page.close()
         if state is schema.RankState.FINISHED:
-            self._release_run_dir()
-
-    def _release_run_dir(self) -> None:
-        """A clean end: this rank's page and stacks go (a failed rank's stay as the agent's
-        evidence), its spool when drained; the last local rank of the run removes the folder."""
-        own = [self.page.path, self.page.path.with_suffix(rundir.STACKS_SUFFIX)]
-        if self.cfg.spool_dir is None:  # a spool the user placed elsewhere is theirs
-            own += spool.siblings(self._own_spool())
-        own.append(rundir.lock_path(self.page.path))  # last: held until the page is gone
-        me = os.getpid()
-        try:
-            rundir.release(
-                self.run_dir, own=own, alive=lambda pid: pid != me and rundir.pid_alive(pid)
-            )
-        except OSError as exc:
-            log.warning("cannot clean up the progress folder %s: %s", self.run_dir, exc)
-        finally:
-            self._drop_lock()
-
-    def _drop_lock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            rundir.drop_lock(fd)
+            lock_fd, self._lock_fd = self._lock_fd, None
+            rankfiles.release(self.cfg, self.run_dir, self.page.path, lock_fd)
