@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vigil.agent import progress, rundir
-from vigil.recovery import controller
+from vigil.recovery import ports
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +60,13 @@ class PageCheckpointer:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def request(self, *, timeout_s: float) -> controller.CheckpointOutcome:
+    def request(self, *, timeout_s: float) -> ports.CheckpointOutcome:
         pages = live_pages(self.progress_dir, self.job_id, self.run_id)
         if not pages:
             log.warning(
                 "no live progress pages for job %s under %s", self.job_id, self.progress_dir
             )
-            return controller.CheckpointOutcome(
+            return ports.CheckpointOutcome(
                 error=f"no live progress pages of job {self.job_id} under {self.progress_dir}"
             )
         before = self.latest_committed() if self.latest_committed else -1
@@ -89,7 +89,7 @@ class PageCheckpointer:
                 if done or newest > before or self.clock() >= deadline:
                     break
                 self.sleep(self.poll_s)
-            return controller.CheckpointOutcome(
+            return ports.CheckpointOutcome(
                 acked=acked,
                 asked=len(readers),
                 committed_step=newest if newest > before else None,

@@ -28,7 +28,7 @@ import httpx
 import msgspec
 
 from vigil import api, codec, outbox, sender, settings, spool
-from vigil.recovery import controller
+from vigil.recovery import ports
 from vigil.recovery.attempts import FirstStep
 from vigil.schema import Action, ActionState, DiagResult, Finding
 
@@ -230,7 +230,7 @@ class CollectorControl:
         timeout_s: float,
         ranks: Sequence[int] | None = None,
         request_id: str | None = None,
-    ) -> controller.CheckpointOutcome:
+    ) -> ports.CheckpointOutcome:
         """Checkpoint now: post the request, wait for the acknowledgements, then for a
         checkpoint committed after it (all within `timeout_s`)."""
         deadline = self.clock() + timeout_s
@@ -238,11 +238,11 @@ class CollectorControl:
         floor = self._last_step()
         status = self.post("checkpoint", ranks=ranks, request_id=request_id)
         if status is None:
-            return controller.CheckpointOutcome(
+            return ports.CheckpointOutcome(
                 error=f"the collector at {self.url} did not take the request"
             )
         status = self._await(status, timeout_s)
-        outcome = controller.CheckpointOutcome(
+        outcome = ports.CheckpointOutcome(
             acked=len(status.get("acked") or []), asked=len(status.get("expected") or [])
         )
         while outcome.asked:

@@ -15,11 +15,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import msgspec
 
 from vigil import codec
+from vigil.recovery import ports
 from vigil.schema import Action, ActionState, DiagResult, Finding
 
 log = logging.getLogger(__name__)
@@ -139,17 +139,11 @@ class RecordLog:
         return True
 
 
-class _Sink(Protocol):
-    def publish(self, record: Action | Finding | DiagResult) -> None: ...
-
-    def replay(self) -> bool: ...
-
-
 @dataclass
 class Tee:
     """Gives every record to each sink in turn; one failing does not keep it from the others."""
 
-    sinks: Sequence[_Sink]
+    sinks: Sequence[ports.ActionSink]
 
     def publish(self, record: Action | Finding | DiagResult) -> None:
         for sink in self.sinks:
