@@ -111,6 +111,7 @@ class Background:
                 last_op=snap.last_op,
                 state=snap.state,
                 checkpoints=snap.checkpoints,
+                between_steps=snap.between_steps,
             )
         )
         self._check_hang(snap)

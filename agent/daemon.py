@@ -442,6 +442,7 @@ def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:
         last_op=snap.last_op,
         state=snap.state,
         checkpoints=snap.checkpoints,
+        between_steps=snap.between_steps,
     )
 
 

@@ -39,9 +39,10 @@ PAGE_SUFFIX = ".page"
 # The PID namespace (`readlink /proc/self/ns/pid`) sits in what was padding: older pages read "".
 META = struct.Struct("<8sIIIIIII4x128s64s24s")
 # state, checkpoints, last step, progress mono/wall, step start mono, last seq, last group, last
-# op, ring head. The checkpoint count (checkpoint spans finished) sits in what was padding:
-# older pages read 0.
-LIVE = struct.Struct("<BxxxIqdddQ32s24sQ")
+# op, ring head, between steps (1: the training thread ended a step and has not begun the next).
+# The checkpoint count (checkpoint spans finished) sits in what was padding, the between-steps
+# byte after the ring head in what was too: older pages read 0 for both.
+LIVE = struct.Struct("<BxxxIqdddQ32s24sQB")
 STEP = struct.Struct("<qdddddqd")
 HEALTH = struct.Struct("<QQQQQ")
 CONTROL = struct.Struct("<Q16s")
@@ -192,6 +193,10 @@ class PageSnapshot:
     # Checkpoint spans this rank has finished: a rank still in a save its peers finished is
     # behind them (the analyzer's hang tracker), not in a long save every rank makes.
     checkpoints: int = 0
+    # Between steps: the training thread ended a step and has not begun the next (user code
+    # vigil does not time: an evaluation, a save, the data loader of a loop that loads outside
+    # its step); the hang checks give such silence the start-up grace.
+    between_steps: bool = False
     health: Health
 
 

@@ -114,7 +114,7 @@ class PageWriter:
         self._later_head = 0  # the ring head as of the newest op `publish_events` wrote
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
-        self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0]
+        self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0, 0]
         self._write_live()
         os.replace(tmp, self.path)  # readers never see a half-initialised page
 
@@ -166,6 +166,7 @@ class PageWriter:
         live[0] = COMPUTE
         live[2] = step
         live[3], live[4], live[5] = now_mono, now_wall, now_mono
+        live[10] = 0
         self._write_live()
 
     def step_ended(
@@ -181,7 +182,8 @@ class PageWriter:
         loss: float,
     ) -> None:
         """`step_done(...)` (its end at `now_wall`) then `progress(COMPUTE, now_mono=...,
-        now_wall=...)`, in one call (the step boundary's hot path)."""
+        now_wall=...)`, in one call (the step boundary's hot path); the rank is then between
+        steps until `step_begun`."""
         self._guarded(
             OFF_STEP, STEP, step, step_time_s, mfu, comm_wait_s, collective_s, now_wall, tokens,
             loss,
@@ -189,6 +191,7 @@ class PageWriter:
         live = self._live
         live[0] = COMPUTE
         live[3], live[4] = now_mono, now_wall
+        live[10] = 1
         self._write_live()
 
     def collective(
@@ -454,6 +457,7 @@ class PageReader:
             last_op=decode_name(live[8]),
             ring_head=live[9],
             checkpoints=live[1],
+            between_steps=bool(live[10]),
             last=last,
             health=Health(
                 internal_errors=health[0],

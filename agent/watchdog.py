@@ -2,7 +2,8 @@
 
 A rank is suspected hung when its progress page has not moved for longer than a threshold learned
 from its recent step times (`hang_factor` x the slowest of the last steps, never below
-`min_hang_s`; `startup_grace_s` before its first step). One suspicion is raised per stall: the
+`min_hang_s`; `startup_grace_s` before its first step, and while it is between steps: an
+evaluation or a save in the training loop's own code). One suspicion is raised per stall: the
 rank must make progress again before it can be flagged again. No I/O here.
 """
 
@@ -15,6 +16,9 @@ from vigil import schema
 from vigil.agent import progress
 
 _HISTORY = 32
+# Between steps, a rank computing runs its loop's own code; one waiting in a collective waits
+# for a peer, loading data (a "data" span) is the next step's work, a checkpoint span a save.
+_OUTSIDE_STATE = schema.RankState.COMPUTE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,8 @@ class Watchdog:
             return None
         stalled = now_mono - snap.progress_mono_s
         threshold = self.threshold_s(snap.job, snap.rank)
+        if snap.between_steps and snap.state is _OUTSIDE_STATE:
+            threshold = max(threshold, self.startup_grace_s)
         if stalled <= threshold or state.flagged_progress == snap.progress_mono_s:
             return None
         state.flagged_progress = snap.progress_mono_s

@@ -43,6 +43,13 @@ find_culprits = waitgraph.find_culprits
 behind_everywhere = waitgraph.behind_everywhere
 
 
+# A rank between steps holds its job up in its loop's own code only while it computes there:
+# one waiting in a collective waits for someone else (peers at the barrier after a save one of
+# them is stuck in), loading data (a "data" span) is the next step's work, and a checkpoint span
+# has a rule of its own (`_saving`).
+_OUTSIDE_STATE = schema.RankState.COMPUTE
+
+
 def learned_threshold_s(recent_step_times_s: Sequence[float], cfg: config_mod.HangConfig) -> float:
     """Seconds without progress that count as a hang, given recent step times."""
     if len(recent_step_times_s) < cfg.warmup_steps:
@@ -70,6 +77,8 @@ class HangTracker:
         self._waits: dict[int, tuple[int, int, str]] = {}
         self._finished: set[int] = set()
         self._checkpointing: set[int] = set()
+        # Ranks computing between steps (`Heartbeat.between_steps`): in their loop's own code.
+        self._outside: set[int] = set()
         self._checkpoints: dict[int, int] = {}  # rank -> checkpoint spans it has finished
         self._ranks: set[int] = set()
         self._known = np.zeros(0, dtype=bool)  # by rank: in `_ranks` (a fast check for batches)
@@ -141,6 +150,7 @@ class HangTracker:
         self._waits.clear()
         self._finished.clear()
         self._checkpointing.clear()
+        self._outside.clear()
         self._checkpoints.clear()
         self._last_beat.clear()
         self._step_ends = np.full(0, -np.inf)
@@ -183,10 +193,21 @@ class HangTracker:
         self._positions.raise_to(aggs.group, aggs.rank, aggs.last_seq)
 
     def observe_position(
-        self, rank: int, group: str, seq: int, op: str, state: schema.RankState
+        self,
+        rank: int,
+        group: str,
+        seq: int,
+        op: str,
+        state: schema.RankState,
+        *,
+        between_steps: bool = False,
     ) -> None:
         """Where a rank is now and what it is doing (from a heartbeat)."""
         self.observe_seq(rank, group, seq, op, now=True)
+        if between_steps and state is _OUTSIDE_STATE:
+            self._outside.add(rank)
+        else:
+            self._outside.discard(rank)
         if state is schema.RankState.IN_COLLECTIVE and group:
             self._waits[rank] = (self.names.group_id(group), seq, op)
         else:
@@ -212,7 +233,10 @@ class HangTracker:
         self._checkpoints[hb.rank] = max(self._checkpoints.get(hb.rank, 0), hb.checkpoints)
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
-        self.observe_position(hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state)
+        self.observe_position(
+            hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state,
+            between_steps=hb.between_steps,
+        )  # fmt: skip
 
     def observe_heartbeats(
         self, beats: Sequence[schema.Heartbeat], arrays: aggcols.BeatBatch | None = None
@@ -282,6 +306,11 @@ class HangTracker:
                 states.difference_update(ranks)
             if those.any():
                 states.update(b.rank[those].tolist())
+        outside = b.between & (b.state_code == codes[_OUTSIDE_STATE])
+        if self._outside:
+            self._outside.difference_update(ranks)
+        if outside.any():
+            self._outside.update(b.rank[outside].tolist())
 
     def _wait_list(self) -> list[Wait]:
         names = self.names.group_names
@@ -293,9 +322,11 @@ class HangTracker:
     def threshold_s(self) -> float:
         """The learned threshold; the warm-up one while a rank is in a save no peer has
         finished yet (a long save every rank makes, or one only this rank makes: rank 0
-        writing the whole state while its peers wait at a barrier)."""
+        writing the whole state while its peers wait at a barrier), or while a rank computes
+        between steps (its training loop's own code: an evaluation every rank runs, a save
+        only rank 0 makes without a checkpoint span while its peers wait in the next step)."""
         learned = learned_threshold_s(list(self._step_times), self.cfg)
-        if self._saving() or self._restarted_s is not None:
+        if self._saving() or self._outside or self._restarted_s is not None:
             return max(learned, self.cfg.warmup_s)
         return learned
 
@@ -453,6 +484,8 @@ class HangTracker:
                 f"no step finished for {silent:.1f} s (threshold {threshold:.1f} s); "
                 "no rank reported waiting in a collective, culprit unknown"
             )
+            if self._outside:
+                summary += f"; {len(self._outside)} rank(s) between steps"
             confidence = 0.5
         else:
             subjects = schema.Subjects(ranks=list(culprits.ranks))
@@ -475,6 +508,13 @@ class HangTracker:
                 f"rank(s) wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
             )
             confidence = 0.95 if culprits.resolved and not late else 0.6
+            outside = [r for r in culprits.ranks if r in self._outside]
+            if outside:
+                summary += (
+                    f"; rank(s) {', '.join(map(str, outside[:8]))} between steps, in the "
+                    "training loop's own code (a save, an evaluation, a data loader outside "
+                    "any span)"
+                )
             if late:
                 summary += (
                     f"; rank(s) {', '.join(map(str, late[:8]))} sent no heartbeat since progress"

@@ -245,6 +245,10 @@ class Heartbeat(_Record, tag="heartbeat", kw_only=True):
     # Checkpoint spans the rank has finished (0: none, or a sender without the field): a rank
     # still checkpointing while a peer has finished more saves is behind that peer.
     checkpoints: NonNegInt = 0
+    # Between steps: the training thread ended a step and has not begun the next (user code
+    # the SDK does not time: an evaluation, a save only this rank makes); False from senders
+    # without the field. The hang tracker gives such silence the start-up grace.
+    between_steps: bool = False
 
 
 class Sample(_Record, tag="sample", kw_only=True):

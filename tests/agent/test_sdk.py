@@ -100,6 +100,27 @@ def test_the_page_and_heartbeats_count_finished_checkpoint_spans(
     assert beats and beats[-1].checkpoints == 2
 
 
+def test_the_page_and_heartbeats_say_when_the_loop_is_between_steps(
+    dirs: tuple[Path, Path],
+) -> None:
+    """Between a step's end and the next one's start the training thread runs the loop's own
+    code (an evaluation, a save): the page and the heartbeats say so, and a step clears it."""
+    session = _init(dirs)
+    reader = progress.PageReader(session.page.path)
+    assert not reader.snapshot().between_steps  # not started yet
+    with vigil.agent.step(0, tokens=1):
+        assert not reader.snapshot().between_steps
+        time.sleep(0.3)  # heartbeats from inside the step
+    assert reader.snapshot().between_steps
+    time.sleep(0.3)  # and from between steps
+    with vigil.agent.step(1, tokens=1):
+        assert not reader.snapshot().between_steps
+    vigil.agent.shutdown()
+    beats = [r for r in _records(dirs[0]) if isinstance(r, schema.Heartbeat)]
+    flags = {(b.last_step, b.between_steps) for b in beats if b.state is schema.RankState.COMPUTE}
+    assert (0, False) in flags and (0, True) in flags, flags
+
+
 def test_everything_is_a_cheap_no_op_before_init() -> None:
     assert vigil.agent.current() is None
     model = torch.nn.Linear(2, 2)

@@ -63,3 +63,19 @@ def test_min_threshold_and_finished_ranks() -> None:
     assert dog.observe(_snap(0, 0.1, 50.0), 75.0) is None  # 3 x 0.1 s is below the 30 s floor
     finished = _snap(0, 0.1, 50.0, state=schema.RankState.FINISHED)
     assert dog.observe(finished, 500.0) is None
+
+
+def test_a_rank_computing_between_steps_gets_the_startup_grace() -> None:
+    """Between steps a computing rank runs its loop's own code (an evaluation, a save): its
+    silence is not a hang until the startup grace; waiting in a collective there, it waits
+    for a peer, and the learned threshold holds."""
+    dog = watchdog.Watchdog(hang_factor=3.0, min_hang_s=2.0, startup_grace_s=100.0)
+    dog.observe(_snap(0, 1.0, 50.0), 50.0)  # threshold 3 s
+    outside = _snap(0, 1.0, 50.0, between_steps=True)
+    assert dog.observe(outside, 60.0) is None
+    suspect = dog.observe(outside, 151.0)
+    assert suspect is not None and suspect.threshold_s == 100.0
+    waiting = _snap(1, 1.0, 160.0, between_steps=True, state=schema.RankState.IN_COLLECTIVE)
+    dog.observe(_snap(1, 1.0, 160.0), 160.0)
+    suspect = dog.observe(waiting, 163.5)
+    assert suspect is not None and suspect.threshold_s == 3.0

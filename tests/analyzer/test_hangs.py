@@ -159,9 +159,12 @@ def test_checkpointing_ranks_get_the_long_threshold_and_late_aggregates_keep_wai
     assert hang is not None and hang.subjects.ranks == [1]
 
 
-def _saving_job(culprit_done: int, peers_done: int, peers: schema.RankState) -> hangs.HangTracker:
+def _saving_job(
+    culprit_done: int, peers_done: int, peers: schema.RankState, *, between: bool = False
+) -> hangs.HangTracker:
     """1 s steps, then rank 1 checkpointing (having finished `culprit_done` saves) while ranks
-    0, 2, 3 (having finished `peers_done`) are in state `peers` at the barrier after the save."""
+    0, 2, 3 (having finished `peers_done`) are in state `peers` at the barrier after the save
+    (`between`: their heartbeats say they are between steps, as the SDK's do there)."""
     tracker = hangs.HangTracker("j", CFG)
     for step in range(10):
         tracker.observe_step_time(step, 100.0 + step, 1.0)
@@ -173,15 +176,18 @@ def _saving_job(culprit_done: int, peers_done: int, peers: schema.RankState) -> 
                 last_seq=20 if behind else 21, last_op="barrier",
                 state=schema.RankState.CHECKPOINTING if behind else peers,
                 checkpoints=culprit_done if behind else peers_done,
+                between_steps=between,
             )  # fmt: skip
             tracker.observe_heartbeat(beat)
     return tracker
 
 
-def test_a_rank_stuck_in_a_save_its_peers_finished_is_hung() -> None:
+@pytest.mark.parametrize("between", [False, True])
+def test_a_rank_stuck_in_a_save_its_peers_finished_is_hung(between: bool) -> None:
     """Every rank saved; ranks 0, 2, 3 finished (their heartbeats count it) and wait at the
-    barrier after it, rank 1 is still in its save: its silence counts like any other."""
-    tracker = _saving_job(0, 1, schema.RankState.IN_COLLECTIVE)
+    barrier after it, rank 1 is still in its save: its silence counts like any other, also
+    when the save is between steps (peers waiting there wait for it, they hold nothing up)."""
+    tracker = _saving_job(0, 1, schema.RankState.IN_COLLECTIVE, between=between)
     assert tracker.threshold_s() == pytest.approx(CFG.min_s)
     assert tracker.check(109.0 + CFG.min_s - 0.5) is None
     hang = tracker.check(109.0 + CFG.min_s + 0.5)
@@ -199,6 +205,66 @@ def test_a_save_no_peer_has_finished_gets_the_long_threshold(peers: schema.RankS
     tracker = _saving_job(3, 3, peers)
     assert tracker.threshold_s() == CFG.warmup_s
     assert tracker.check(109.0 + 10 * CFG.min_s) is None
+
+
+def _outside_job(
+    outside: dict[int, schema.RankState], *, batched: bool, until: float = 130.0
+) -> hangs.HangTracker:
+    """1 s steps to step 9 (seq 20 of `world`), then heartbeats every second to `until`: the ranks
+    of `outside` between steps in the given state, the others in step 10 waiting in
+    all-reduce #21 (`batched`: each second's heartbeats as the collector's batches)."""
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    for t in np.arange(109.5, until, 1.0):
+        beats = [
+            schema.Heartbeat(
+                job_id="j", rank=rank, time_s=float(t), last_step=9, last_group="world",
+                last_seq=20 if rank in outside else 21, last_op="all_reduce",
+                state=outside.get(rank, schema.RankState.IN_COLLECTIVE),
+                between_steps=rank in outside,
+            )
+            for rank in range(4)
+        ]  # fmt: skip
+        if batched:
+            tracker.observe_heartbeats(beats)
+        else:
+            for beat in beats:
+                tracker.observe_heartbeat(beat)
+    return tracker
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_rank_computing_between_steps_is_its_loops_own_code_not_a_hang(batched: bool) -> None:
+    """Rank 0 saves without a checkpoint span after step 9 (slow storage) while its peers wait
+    in step 10: until the start-up grace that is the loop's own code; past it, a hang naming
+    rank 0 that says where it is."""
+    end = 109.0 + CFG.warmup_s + 1.0
+    tracker = _outside_job({0: schema.RankState.COMPUTE}, batched=batched, until=end)
+    assert tracker.threshold_s() == CFG.warmup_s
+    assert tracker.check(109.0 + 10 * CFG.min_s) is None
+    hang = tracker.check(end)
+    assert hang is not None and hang.subjects.ranks == [0], hang
+    assert "rank(s) 0 between steps" in hang.summary
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_evaluation_every_rank_runs_between_steps_is_no_hang(batched: bool) -> None:
+    """Every rank evaluates between steps for longer than several thresholds: no hang."""
+    tracker = _outside_job(dict.fromkeys(range(4), schema.RankState.COMPUTE), batched=batched)
+    assert tracker.threshold_s() == CFG.warmup_s
+    assert tracker.check(109.0 + CFG.unknown_culprit_factor * CFG.min_s + 1.0) is None
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_data_loading_between_steps_is_the_next_steps_work(batched: bool) -> None:
+    """A rank stuck in a "data" span before its step (the loop loads outside the step) holds
+    the job up in training work: the learned threshold holds, and it is named."""
+    tracker = _outside_job({2: schema.RankState.DATA}, batched=batched)
+    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
+    hang = tracker.check(109.0 + CFG.min_s + 0.5)
+    assert hang is not None and hang.subjects.ranks == [2], hang
+    assert "between steps" not in hang.summary
 
 
 def test_ranks_blocked_in_waits_the_sdk_cannot_see_are_victims_not_culprits() -> None:

@@ -14,11 +14,15 @@ loss printed by rank 0 with `.item()`, between iterations.
 Cases run in turn in one process group (the model is compiled once and reloaded with the same
 initial weights for each), each a vigil job of its own (JSON list of objects):
 
-    {"job": NAME, "iters": N, "slow": {"rank": R, "factor": F, "where": "forward" | "data"} | null}
+    {"job": NAME, "iters": N, "slow": {"rank": R, "factor": F, "where": "forward" | "data"} | null,
+     "eval_s": E, "save_s": S}
 
 `slow`: from iteration `FAULT_ITER` on, rank R spends (F - 1) x the iterations' agreed median
 time of iterations 2..7 more per iteration, spread over its micro-steps: spinning after each
 forward pass, or sleeping in its data loading. vigil writes to `$VIGIL_OUTPUT_DIR/<job>/`; the
+`eval_s`: each evaluation goes on (forward passes of the unwrapped model) until E seconds have
+passed; `save_s`: rank 0's save then takes S seconds more (slow storage). Both are the loop's
+own code, between iterations, on a healthy job. The
 script's own files go to `DIR/<job>/`: rank 0's checkpoints and each rank's `rank<R>.json`, what
 the script itself saw (the graphs `torch.compile` made, the checkpoints saved, the iterations).
 """
@@ -109,8 +113,11 @@ def train(
                 group["lr"] = 3e-4 * 0.5 * (1 + math.cos(math.pi * it / iters))
             if it and it % EVAL_EVERY == 0:  # every rank evaluates, rank 0 prints
                 ddp.eval()
+                began = time.perf_counter()
                 with torch.no_grad():
                     val = torch.stack([ddp(*get_batch(data)) for _ in range(4)]).mean()
+                    while time.perf_counter() - began < float(case.get("eval_s", 0.0)):
+                        model(*get_batch(data))
                 ddp.train()
                 dist.all_reduce(val)
                 if rank == 0:
@@ -137,6 +144,7 @@ def train(
             if rank == 0 and it and it % CHECKPOINT_EVERY == 0:
                 path = out / f"ckpt-{it}.pt"
                 torch.save({"model": raw.state_dict(), "opt": opt.state_dict(), "iter": it}, path)
+                time.sleep(float(case.get("save_s", 0.0)))
                 saved.append(path.name)
             times.append(time.perf_counter() - started)
             if it == FAULT_ITER - 3:

@@ -4,8 +4,10 @@ The script compiles its model with `torch.compile` before DDP wraps it, accumula
 over four micro-steps with DDP's all-reduce only on the last, clips gradients, evaluates every
 20 iterations (an all-reduce between steps), and saves checkpoints and prints its loss on rank 0
 alone, between steps. vigil is added as the README says, nothing more. One torchrun launch runs
-a clean job, a rank spinning a quarter of an iteration longer after each forward pass, and a rank
-whose data loading stalls; each is analysed with `vigil analyze --json` as a user runs it.
+a clean job, a rank spinning a quarter of an iteration longer after each forward pass, a rank
+whose data loading stalls, and a healthy job whose evaluation lasts 25 s and whose rank-0 save
+6 s (no iteration ends meanwhile, and nothing is hung); each is analysed with `vigil analyze
+--json` as a user runs it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ CASES: list[dict[str, Any]] = [
     {"job": "gpt-clean", "iters": ITERS},
     {"job": "gpt-slow", "iters": ITERS, "slow": {"rank": 2, "factor": 1.25, "where": "forward"}},
     {"job": "gpt-data", "iters": ITERS, "slow": {"rank": 1, "factor": 2.0, "where": "data"}},
+    # A healthy job whose evaluation (every rank) lasts 25 s and whose rank-0 save lasts 6 s,
+    # both between iterations: no step ends meanwhile, yet nothing is hung.
+    {"job": "gpt-eval-save", "iters": ITERS, "eval_s": 25.0, "save_s": 6.0},
 ]
-EXPECTED = {"gpt-clean": [], "gpt-slow": [("straggler", [2])], "gpt-data": [("data_stall", [1])]}
+EXPECTED = {
+    "gpt-clean": [],
+    "gpt-slow": [("straggler", [2])],
+    "gpt-data": [("data_stall", [1])],
+    "gpt-eval-save": [],
+}
 
 
 @pytest.fixture(scope="module")
