@@ -112,6 +112,7 @@ class Background:
                 state=snap.state,
                 checkpoints=snap.checkpoints,
                 between_steps=snap.between_steps,
+                compiling=snap.compiling,
             )
         )
         self._check_hang(snap)

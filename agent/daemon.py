@@ -443,6 +443,7 @@ def _heartbeat(snap: progress.PageSnapshot) -> schema.Heartbeat:
         state=snap.state,
         checkpoints=snap.checkpoints,
         between_steps=snap.between_steps,
+        compiling=snap.compiling,
     )
 
 

@@ -39,10 +39,14 @@ PAGE_SUFFIX = ".page"
 # The PID namespace (`readlink /proc/self/ns/pid`) sits in what was padding: older pages read "".
 META = struct.Struct("<8sIIIIIII4x128s64s24s")
 # state, checkpoints, last step, progress mono/wall, step start mono, last seq, last group, last
-# op, ring head, between steps (1: the training thread ended a step and has not begun the next).
-# The checkpoint count (checkpoint spans finished) sits in what was padding, the between-steps
-# byte after the ring head in what was too: older pages read 0 for both.
+# op, ring head, flags (`BETWEEN_STEPS`, `COMPILING`). The checkpoint count (checkpoint spans
+# finished) sits in what was padding, the flags byte after the ring head in what was too: older
+# pages read 0 for both.
 LIVE = struct.Struct("<BxxxIqdddQ32s24sQB")
+# Flags: the training thread ended a step and has not begun the next; torch.compile is
+# compiling in this process (`compiling.py`).
+BETWEEN_STEPS = 1
+COMPILING = 2
 STEP = struct.Struct("<qdddddqd")
 HEALTH = struct.Struct("<QQQQQ")
 CONTROL = struct.Struct("<Q16s")
@@ -197,6 +201,9 @@ class PageSnapshot:
     # vigil does not time: an evaluation, a save, the data loader of a loop that loads outside
     # its step); the hang checks give such silence the start-up grace.
     between_steps: bool = False
+    # torch.compile is compiling (a recompilation mid-run takes seconds to minutes inside a
+    # step): the hang checks give that silence the start-up grace too.
+    compiling: bool = False
     health: Health
 
 

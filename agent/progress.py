@@ -19,7 +19,9 @@ from typing import Any, cast
 from vigil import schema
 from vigil.agent.pagelayout import (
     ACK,
+    BETWEEN_STEPS,
     CODE_STATES,
+    COMPILING,
     COMPUTE,
     CONTROL,
     F64,
@@ -115,6 +117,7 @@ class PageWriter:
         self._live_seq = 0
         starting = STATE_CODES[schema.RankState.STARTING]
         self._live: list[object] = [starting, 0, -1, 0.0, 0.0, 0.0, 0, b"", b"", 0, 0]
+        self._compiling = 0  # COMPILING while torch.compile compiles (`compiling()`)
         self._write_live()
         os.replace(tmp, self.path)  # readers never see a half-initialised page
 
@@ -159,6 +162,14 @@ class PageWriter:
         live[3], live[4] = now_mono, now_wall
         self._write_live()
 
+    def compiling(self, on: bool) -> None:
+        """torch.compile started (`on`) or finished compiling, in the training thread (the
+        live block's writer). Not progress: the rank's position and times stay."""
+        self._compiling = COMPILING if on else 0
+        live = self._live
+        live[10] = (cast(int, live[10]) & BETWEEN_STEPS) | self._compiling
+        self._write_live()
+
     def step_begun(self, step: int, now_mono: float, now_wall: float) -> None:
         """`progress(COMPUTE, now_mono=..., now_wall=..., step=step)`, positional (the step
         boundary's hot path)."""
@@ -166,7 +177,7 @@ class PageWriter:
         live[0] = COMPUTE
         live[2] = step
         live[3], live[4], live[5] = now_mono, now_wall, now_mono
-        live[10] = 0
+        live[10] = self._compiling
         self._write_live()
 
     def step_ended(
@@ -191,7 +202,9 @@ class PageWriter:
         live = self._live
         live[0] = COMPUTE
         live[3], live[4] = now_mono, now_wall
-        live[10] = 1
+        # A compile ends before the step that ran it does (`compiling.py`): none runs now.
+        self._compiling = 0
+        live[10] = BETWEEN_STEPS
         self._write_live()
 
     def collective(
@@ -457,7 +470,8 @@ class PageReader:
             last_op=decode_name(live[8]),
             ring_head=live[9],
             checkpoints=live[1],
-            between_steps=bool(live[10]),
+            between_steps=bool(live[10] & BETWEEN_STEPS),
+            compiling=bool(live[10] & COMPILING),
             last=last,
             health=Health(
                 internal_errors=health[0],

@@ -31,6 +31,7 @@ from vigil import schema
 from vigil.agent import (
     background,
     collectives,
+    compiling,
     config,
     cpuwait,
     ddp_hook,
@@ -169,11 +170,12 @@ class Session:
             write_health=self._write_health,
             dump_evidence=lambda reason: self.dump_evidence(reason=reason),
         )
+        self._compiles = compiling.CompileWatch(self.page, self.count_error)
         self.flusher = sinks.Flusher(
             queue=self.queue,
             sink=sink,
             interval_s=cfg.flush_interval_s,
-            tick=self.background.tick,
+            tick=self._tick,
             on_error=self.count_error,
             name=f"vigil-{cfg.rank_tag}",
         )
@@ -206,6 +208,12 @@ class Session:
         if self.cfg.model_shape is not None:
             return mfu.palm_flops_per_token(self.cfg.model_shape)
         return None
+
+    def _tick(self) -> None:
+        """The flusher's tick: compile callbacks once torch.compile is in use, then the
+        background work (records, heartbeats, the hang suspicion)."""
+        self._compiles.poll()
+        self.background.tick()
 
     def count_error(self, exc: BaseException) -> None:
         self.internal_errors += 1
@@ -447,6 +455,7 @@ class Session:
             self._stacks_file.close()
         self.background.close()
         self._cpu_wait.close()
+        self._compiles.close()
         self.page.close()
         if state is schema.RankState.FINISHED:
             lock_fd, self._lock_fd = self._lock_fd, None

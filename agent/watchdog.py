@@ -2,9 +2,10 @@
 
 A rank is suspected hung when its progress page has not moved for longer than a threshold learned
 from its recent step times (`hang_factor` x the slowest of the last steps, never below
-`min_hang_s`; `startup_grace_s` before its first step, and while it is between steps: an
-evaluation or a save in the training loop's own code). One suspicion is raised per stall: the
-rank must make progress again before it can be flagged again. No I/O here.
+`min_hang_s`; `startup_grace_s` before its first step, while it computes between steps (an
+evaluation or a save in the training loop's own code) and while torch.compile compiles). One
+suspicion is raised per stall: the rank must make progress again before it can be flagged
+again. No I/O here.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Watchdog:
             return None
         stalled = now_mono - snap.progress_mono_s
         threshold = self.threshold_s(snap.job, snap.rank)
-        if snap.between_steps and snap.state is _OUTSIDE_STATE:
+        if snap.compiling or (snap.between_steps and snap.state is _OUTSIDE_STATE):
             threshold = max(threshold, self.startup_grace_s)
         if stalled <= threshold or state.flagged_progress == snap.progress_mono_s:
             return None

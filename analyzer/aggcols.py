@@ -35,7 +35,7 @@ _GET = {
     for name in (
         "rank", "step", "count", "last_seq", "total_device_s", "last_device_s", "overlapped",
         "bytes", "group", "op", "time_s", "checkpoints", "last_group", "last_op", "state",
-        "between_steps",
+        "between_steps", "compiling",
     )
 }  # fmt: skip
 
@@ -241,6 +241,7 @@ class BeatBatch:
     group: I64
     state_code: I64
     between: npt.NDArray[np.bool_]  # between steps (`Heartbeat.between_steps`)
+    compiling: npt.NDArray[np.bool_]  # `Heartbeat.compiling`
     records: Sequence[schema.Heartbeat]
     at: I64
 
@@ -256,7 +257,9 @@ class BeatBatch:
         return [records[i].last_op for i in self.at[index].tolist()]
 
 
-_BEAT_ARRAYS = ("rank", "time_s", "seq", "checkpoints", "group", "state_code", "between", "at")
+_BEAT_ARRAYS = (
+    "rank", "time_s", "seq", "checkpoints", "group", "state_code", "between", "compiling", "at",
+)  # fmt: skip
 
 
 def beat_batch(beats: Sequence[schema.Heartbeat], names: Names) -> BeatBatch:
@@ -269,7 +272,8 @@ def beat_batch(beats: Sequence[schema.Heartbeat], names: Names) -> BeatBatch:
         rank=_ints(beats, "rank"), time_s=_floats(beats, "time_s"), seq=_ints(beats, "last_seq"),
         checkpoints=_ints(beats, "checkpoints"), group=gid,
         state_code=np.fromiter(states, np.int64, len(beats)),
-        between=np.fromiter(map(_GET["between_steps"], beats), bool, len(beats)), records=beats,
+        between=np.fromiter(map(_GET["between_steps"], beats), bool, len(beats)),
+        compiling=np.fromiter(map(_GET["compiling"], beats), bool, len(beats)), records=beats,
         at=np.arange(len(beats), dtype=np.int64),
     )  # fmt: skip
 

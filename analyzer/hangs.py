@@ -43,10 +43,10 @@ find_culprits = waitgraph.find_culprits
 behind_everywhere = waitgraph.behind_everywhere
 
 
-# A rank between steps holds its job up in its loop's own code only while it computes there:
-# one waiting in a collective waits for someone else (peers at the barrier after a save one of
-# them is stuck in), loading data (a "data" span) is the next step's work, and a checkpoint span
-# has a rule of its own (`_saving`).
+# A rank between steps runs its loop's own code while it computes there: one waiting in a
+# collective waits for someone else (peers at the barrier after a save one of them is stuck
+# in), loading data (a "data" span) is the next step's work, and a checkpoint span has a rule
+# of its own (`_saving`).
 _OUTSIDE_STATE = schema.RankState.COMPUTE
 
 
@@ -69,6 +69,7 @@ class HangTracker:
         self.cfg = cfg
         self._step_times: deque[float] = deque(maxlen=cfg.history_steps)
         self._last_progress_s = 0.0
+        self._grace_s = 0.0  # the last check that found the silence a save, compile or loop code
         self._last_step = -1
         # Group ids shared with the caller's aggregate and heartbeat arrays (aggcols).
         self.names = names if names is not None else aggcols.Names({})
@@ -77,8 +78,11 @@ class HangTracker:
         self._waits: dict[int, tuple[int, int, str]] = {}
         self._finished: set[int] = set()
         self._checkpointing: set[int] = set()
-        # Ranks computing between steps (`Heartbeat.between_steps`): in their loop's own code.
+        # Ranks between steps (`Heartbeat.between_steps`), and those of them computing there:
+        # in their loop's own code.
+        self._between: set[int] = set()
         self._outside: set[int] = set()
+        self._compiling: set[int] = set()  # ranks whose torch.compile is compiling
         self._checkpoints: dict[int, int] = {}  # rank -> checkpoint spans it has finished
         self._ranks: set[int] = set()
         self._known = np.zeros(0, dtype=bool)  # by rank: in `_ranks` (a fast check for batches)
@@ -146,11 +150,14 @@ class HangTracker:
         self._restarted_s = now_s
         self._epoch_s = max(self._epoch_s, now_s)
         self._last_progress_s = max(self._last_progress_s, now_s)
+        self._grace_s = 0.0
         self._positions.clear()
         self._waits.clear()
         self._finished.clear()
         self._checkpointing.clear()
+        self._between.clear()
         self._outside.clear()
+        self._compiling.clear()
         self._checkpoints.clear()
         self._last_beat.clear()
         self._step_ends = np.full(0, -np.inf)
@@ -201,13 +208,19 @@ class HangTracker:
         state: schema.RankState,
         *,
         between_steps: bool = False,
+        compiling: bool = False,
     ) -> None:
         """Where a rank is now and what it is doing (from a heartbeat)."""
         self.observe_seq(rank, group, seq, op, now=True)
-        if between_steps and state is _OUTSIDE_STATE:
-            self._outside.add(rank)
-        else:
-            self._outside.discard(rank)
+        for ranks, now in (
+            (self._between, between_steps),
+            (self._outside, between_steps and state is _OUTSIDE_STATE),
+            (self._compiling, compiling),
+        ):
+            if now:
+                ranks.add(rank)
+            else:
+                ranks.discard(rank)
         if state is schema.RankState.IN_COLLECTIVE and group:
             self._waits[rank] = (self.names.group_id(group), seq, op)
         else:
@@ -235,7 +248,7 @@ class HangTracker:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self.observe_position(
             hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state,
-            between_steps=hb.between_steps,
+            between_steps=hb.between_steps, compiling=hb.compiling,
         )  # fmt: skip
 
     def observe_heartbeats(
@@ -306,11 +319,15 @@ class HangTracker:
                 states.difference_update(ranks)
             if those.any():
                 states.update(b.rank[those].tolist())
-        outside = b.between & (b.state_code == codes[_OUTSIDE_STATE])
-        if self._outside:
-            self._outside.difference_update(ranks)
-        if outside.any():
-            self._outside.update(b.rank[outside].tolist())
+        for flagged, now in (
+            (self._between, b.between),
+            (self._outside, b.between & (b.state_code == codes[_OUTSIDE_STATE])),
+            (self._compiling, b.compiling),
+        ):
+            if flagged:
+                flagged.difference_update(ranks)
+            if now.any():
+                flagged.update(b.rank[now].tolist())
 
     def _wait_list(self) -> list[Wait]:
         names = self.names.group_names
@@ -322,13 +339,30 @@ class HangTracker:
     def threshold_s(self) -> float:
         """The learned threshold; the warm-up one while a rank is in a save no peer has
         finished yet (a long save every rank makes, or one only this rank makes: rank 0
-        writing the whole state while its peers wait at a barrier), or while a rank computes
-        between steps (its training loop's own code: an evaluation every rank runs, a save
-        only rank 0 makes without a checkpoint span while its peers wait in the next step)."""
+        writing the whole state while its peers wait at a barrier), while the job is in its
+        loop's own code (`_in_loop_code`), or while a rank's torch.compile compiles (a
+        recompilation mid-run)."""
+        return self._threshold(self._grace())
+
+    def _threshold(self, grace: bool) -> float:
         learned = learned_threshold_s(list(self._step_times), self.cfg)
-        if self._saving() or self._outside or self._restarted_s is not None:
+        if grace or self._restarted_s is not None:
             return max(learned, self.cfg.warmup_s)
         return learned
+
+    def _grace(self) -> bool:
+        """Whether the job's silence is a save, a compile or its loop's own code (above)."""
+        return bool(self._saving() or self._compiling or self._in_loop_code())
+
+    def _in_loop_code(self) -> bool:
+        """Whether every rank is between steps and some compute there: an evaluation every rank
+        runs, a save rank 0 makes while its peers wait at a barrier. One rank computing between
+        steps while its peers wait in the next step holds them up in code no step times (a save
+        without a checkpoint span, a hang before its step): its silence counts as usual."""
+        if not self._outside:
+            return False
+        between = self._between
+        return all(rank in between for rank in self._ranks if rank not in self._finished)
 
     def _saving(self) -> bool:
         """Whether some rank is checkpointing and not behind: no peer has finished more
@@ -352,8 +386,17 @@ class HangTracker:
             return crash
         if self._last_progress_s <= 0:
             return None
-        silent = now_s - self._last_progress_s
-        threshold = self.threshold_s()
+        grace = self._grace()
+        threshold = self._threshold(grace)
+        # Silence counts from the last progress; once a save, a compile or the loop's own code
+        # is over, from then: the steps it held up are only now on their way (and the ranks'
+        # heartbeats tell that it is over a little apart).
+        if grace:
+            self._grace_s = now_s
+            since = self._last_progress_s
+        else:
+            since = max(self._last_progress_s, self._grace_s)
+        silent = now_s - since
         if self._open is not None:
             if silent < threshold:  # progress resumed
                 resolved = self._open
@@ -365,22 +408,21 @@ class HangTracker:
         culprits = find_culprits(self._wait_list(), self._positions.seqs(), self._ranks)
         if culprits is None and silent <= threshold * self.cfg.unknown_culprit_factor:
             return None  # nobody to name yet: positions may still show who, or steps resume
-        late = self._unreported(culprits, threshold)
+        late = self._unreported(culprits, since + threshold / 2)
         if late and not final and silent <= threshold + _LATE_REPORT_S:
             return None  # their newest positions predate the stall: wait for them to report
         self._open = self._hang_finding(now_s, silent, threshold, culprits, late)
         return self._open
 
-    def _unreported(self, culprits: Culprits | None, threshold: float) -> list[int]:
-        """The culprits whose newest heartbeat was sent before their position could show where
-        they stopped: within half the threshold (at least one median step) of the last progress,
+    def _unreported(self, culprits: Culprits | None, since: float) -> list[int]:
+        """The culprits whose newest heartbeat was sent before `since` (half the threshold, at
+        least one median step, past the silence's start), too early to show where they stopped:
         a healthy rank may still be on its way to the collective its peers wait in. Under load a
         rank's flusher thread, or its shipper after a collector restart, reports late; its
         stale position (not waiting, behind) must not make it a culprit. Empty when no rank
         sent heartbeats (positions from aggregates alone)."""
         if culprits is None or not self._last_beat:
             return []
-        since = self._last_progress_s + threshold / 2
         return [r for r in culprits.ranks if self._last_beat.get(r, 0.0) < since]
 
     def _check_crash(self, now_s: float, *, final: bool) -> schema.Finding | None:
@@ -508,6 +550,9 @@ class HangTracker:
                 f"rank(s) wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
             )
             confidence = 0.95 if culprits.resolved and not late else 0.6
+            compiling = [r for r in culprits.ranks if r in self._compiling]
+            if compiling:
+                summary += f"; rank(s) {', '.join(map(str, compiling[:8]))} compiling"
             outside = [r for r in culprits.ranks if r in self._outside]
             if outside:
                 summary += (

@@ -249,6 +249,9 @@ class Heartbeat(_Record, tag="heartbeat", kw_only=True):
     # the SDK does not time: an evaluation, a save only this rank makes); False from senders
     # without the field. The hang tracker gives such silence the start-up grace.
     between_steps: bool = False
+    # torch.compile is compiling in the rank's process (a recompilation mid-run: seconds to
+    # minutes inside a step); False from senders without the field. The start-up grace too.
+    compiling: bool = False
 
 
 class Sample(_Record, tag="sample", kw_only=True):

@@ -298,3 +298,29 @@ def test_the_recorder_puts_ddp_buckets_on_the_page_when_published(tmp_path: Path
     assert errors == []
     reader.close()
     writer.close()
+
+
+def test_the_live_flags_say_between_steps_and_compiling(tmp_path: Path) -> None:
+    """Between steps: set when a step ends, cleared when the next begins; compiling: set and
+    cleared by torch's compile callbacks, keeping the other flag, and cleared by a step's end
+    (a compile never outlives the step that ran it)."""
+    writer = _writer(tmp_path)
+    reader = progress.PageReader(writer.path)
+
+    def flags() -> tuple[bool, bool]:
+        snap = reader.snapshot()
+        return snap.between_steps, snap.compiling
+
+    assert flags() == (False, False)
+    writer.step_begun(0, 1.0, 1e9)
+    writer.compiling(True)
+    assert flags() == (False, True)
+    writer.compiling(False)
+    writer.step_ended(0, 0.5, 0.0, 0.0, 0.0, 1.5, 1e9 + 0.5, 8, 1.0)
+    assert flags() == (True, False)
+    writer.compiling(True)  # e.g. the evaluation's model, between steps
+    assert flags() == (True, True)
+    writer.step_begun(1, 2.0, 1e9 + 1)
+    assert flags() == (False, True)
+    writer.step_ended(1, 0.5, 0.0, 0.0, 0.0, 2.5, 1e9 + 1.5, 8, 1.0)
+    assert flags() == (True, False)  # its end callback missed: the step's end clears it

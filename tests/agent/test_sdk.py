@@ -121,6 +121,46 @@ def test_the_page_and_heartbeats_say_when_the_loop_is_between_steps(
     assert (0, False) in flags and (0, True) in flags, flags
 
 
+def test_the_page_says_while_torch_compile_compiles(dirs: tuple[Path, Path]) -> None:
+    """A recompilation mid-run stops a step for seconds to minutes: once torch.compile is in
+    use the page says `compiling` while it compiles (torch's compile callbacks), and no more
+    after; the heartbeats carry it."""
+    import torch._dynamo  # what torch.compile imports; the SDK waits for it
+
+    session = _init(dirs)
+    reader = progress.PageReader(session.page.path)
+
+    def registered() -> bool:
+        deadline = time.monotonic() + 10
+        while not session._compiles.installed and time.monotonic() < deadline:
+            time.sleep(0.02)  # registered on the flusher's next tick
+        return session._compiles.installed
+
+    assert registered()
+    torch._dynamo.reset()  # clears every compile callback ...
+    assert registered()  # ... and vigil's are registered again
+    seen: list[tuple[bool, bool]] = []
+
+    def during(*args: object) -> None:  # registered after vigil's: runs after it
+        snap = reader.snapshot()
+        seen.append((snap.compiling, snap.between_steps))
+
+    handler = torch._dynamo.callback.callback_handler
+    handler.register_start_callback(during)
+    try:
+        with vigil.agent.step(0, tokens=1):
+            pass
+        compiled = torch.compile(lambda x: (x * 2).sum(), backend="eager")
+        compiled(torch.ones(3))  # between steps: compiles
+    finally:
+        handler.remove_start_callback(during)
+    assert seen and seen[0] == (True, True), seen
+    after = reader.snapshot()
+    assert not after.compiling and after.between_steps
+    vigil.agent.shutdown()
+    assert not session._compiles.installed
+
+
 def test_everything_is_a_cheap_no_op_before_init() -> None:
     assert vigil.agent.current() is None
     model = torch.nn.Linear(2, 2)

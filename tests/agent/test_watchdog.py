@@ -79,3 +79,12 @@ def test_a_rank_computing_between_steps_gets_the_startup_grace() -> None:
     dog.observe(_snap(1, 1.0, 160.0), 160.0)
     suspect = dog.observe(waiting, 163.5)
     assert suspect is not None and suspect.threshold_s == 3.0
+
+
+def test_a_rank_whose_torch_compile_compiles_gets_the_startup_grace() -> None:
+    dog = watchdog.Watchdog(hang_factor=3.0, min_hang_s=2.0, startup_grace_s=100.0)
+    dog.observe(_snap(0, 1.0, 50.0), 50.0)
+    compiling = _snap(0, 1.0, 50.0, compiling=True)
+    assert dog.observe(compiling, 60.0) is None
+    suspect = dog.observe(compiling, 151.0)
+    assert suspect is not None and suspect.threshold_s == 100.0

@@ -144,18 +144,22 @@ def test_checkpointing_ranks_get_the_long_threshold_and_late_aggregates_keep_wai
     )
     tracker.observe_heartbeat(saving)
     assert tracker.threshold_s() == CFG.warmup_s and tracker.check(150.0) is None
-    for rank, seq, state in (
-        (0, 11, schema.RankState.IN_COLLECTIVE),
-        (1, 10, schema.RankState.COMPUTE),
-    ):
-        tracker.observe_heartbeat(
-            schema.Heartbeat(
-                job_id="j", rank=rank, time_s=151.0, last_group="dp", last_seq=seq, state=state
+    for t in (151.0, 153.0):
+        for rank, seq, state in (
+            (0, 11, schema.RankState.IN_COLLECTIVE),
+            (1, 10, schema.RankState.COMPUTE),
+        ):
+            tracker.observe_heartbeat(
+                schema.Heartbeat(
+                    job_id="j", rank=rank, time_s=t, last_group="dp", last_seq=seq, state=state
+                )
             )
-        )
-    tracker.observe_seq(0, "dp", 10, "all_reduce")  # an aggregate of the finished step, late
-    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
-    hang = tracker.check(152.0)
+        if t == 151.0:
+            tracker.observe_seq(0, "dp", 10, "all_reduce")  # a finished step's aggregate, late
+            assert tracker.threshold_s() == pytest.approx(CFG.min_s)
+            # The save is over: silence counts from then (the last check that saw it).
+            assert tracker.check(152.0) is None
+    hang = tracker.check(150.0 + CFG.min_s + 0.5)
     assert hang is not None and hang.subjects.ranks == [1]
 
 
@@ -208,11 +212,16 @@ def test_a_save_no_peer_has_finished_gets_the_long_threshold(peers: schema.RankS
 
 
 def _outside_job(
-    outside: dict[int, schema.RankState], *, batched: bool, until: float = 130.0
+    outside: dict[int, schema.RankState],
+    *,
+    batched: bool,
+    until: float = 130.0,
+    others_between: bool = False,
 ) -> hangs.HangTracker:
     """1 s steps to step 9 (seq 20 of `world`), then heartbeats every second to `until`: the ranks
-    of `outside` between steps in the given state, the others in step 10 waiting in
-    all-reduce #21 (`batched`: each second's heartbeats as the collector's batches)."""
+    of `outside` between steps in the given state, the others waiting in collective #21: in
+    step 10's all-reduce, or (`others_between`) at a barrier between steps (`batched`: each
+    second's heartbeats as the collector's batches)."""
     tracker = hangs.HangTracker("j", CFG)
     for step in range(10):
         tracker.observe_step_time(step, 100.0 + step, 1.0)
@@ -222,7 +231,7 @@ def _outside_job(
                 job_id="j", rank=rank, time_s=float(t), last_step=9, last_group="world",
                 last_seq=20 if rank in outside else 21, last_op="all_reduce",
                 state=outside.get(rank, schema.RankState.IN_COLLECTIVE),
-                between_steps=rank in outside,
+                between_steps=rank in outside or others_between,
             )
             for rank in range(4)
         ]  # fmt: skip
@@ -235,12 +244,25 @@ def _outside_job(
 
 
 @pytest.mark.parametrize("batched", [False, True])
-def test_a_rank_computing_between_steps_is_its_loops_own_code_not_a_hang(batched: bool) -> None:
+def test_a_rank_holding_its_peers_up_from_between_steps_is_hung_as_usual(batched: bool) -> None:
+    """Rank 1 stops before its step 10 (a hang, or a save without a checkpoint span) while its
+    peers wait in step 10: the learned threshold, and the finding says where rank 1 is."""
+    tracker = _outside_job({1: schema.RankState.COMPUTE}, batched=batched)
+    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
+    hang = tracker.check(109.0 + CFG.min_s + 0.5)
+    assert hang is not None and hang.subjects.ranks == [1], hang
+    assert "rank(s) 1 between steps" in hang.summary
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_save_rank_0_makes_while_its_peers_wait_at_a_barrier_is_no_hang(batched: bool) -> None:
     """Rank 0 saves without a checkpoint span after step 9 (slow storage) while its peers wait
-    in step 10: until the start-up grace that is the loop's own code; past it, a hang naming
-    rank 0 that says where it is."""
+    at the barrier after it, every rank between steps: the loop's own code, given the start-up
+    grace; past it, a hang naming rank 0 that says where it is."""
     end = 109.0 + CFG.warmup_s + 1.0
-    tracker = _outside_job({0: schema.RankState.COMPUTE}, batched=batched, until=end)
+    tracker = _outside_job(
+        {0: schema.RankState.COMPUTE}, batched=batched, until=end, others_between=True
+    )
     assert tracker.threshold_s() == CFG.warmup_s
     assert tracker.check(109.0 + 10 * CFG.min_s) is None
     hang = tracker.check(end)
@@ -265,6 +287,41 @@ def test_data_loading_between_steps_is_the_next_steps_work(batched: bool) -> Non
     hang = tracker.check(109.0 + CFG.min_s + 0.5)
     assert hang is not None and hang.subjects.ranks == [2], hang
     assert "between steps" not in hang.summary
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_rank_recompiling_in_its_step_is_not_hung(batched: bool) -> None:
+    """Rank 3's torch.compile recompiles in step 10 (a new input shape) while its peers wait
+    in the step's all-reduce: the start-up grace, then a hang that says it was compiling."""
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    end = 109.0 + CFG.warmup_s + 1.0
+    for t in np.arange(109.5, end, 1.0):
+        beats = [
+            schema.Heartbeat(
+                job_id="j", rank=rank, time_s=float(t), last_step=9, last_group="world",
+                last_seq=20 if rank == 3 else 21, last_op="all_reduce",
+                state=schema.RankState.COMPUTE if rank == 3 else schema.RankState.IN_COLLECTIVE,
+                compiling=rank == 3,
+            )
+            for rank in range(4)
+        ]  # fmt: skip
+        if batched:
+            tracker.observe_heartbeats(beats)
+        else:
+            for beat in beats:
+                tracker.observe_heartbeat(beat)
+        if t < 109.0 + 10 * CFG.min_s:
+            assert tracker.check(float(t)) is None, t
+    assert tracker.threshold_s() == CFG.warmup_s
+    hang = tracker.check(end)
+    assert hang is not None and hang.subjects.ranks == [3], hang
+    assert "rank(s) 3 compiling" in hang.summary
+    done = schema.Heartbeat(job_id="j", rank=3, time_s=end + 0.5, last_step=9, last_group="world",
+                            last_seq=20)  # fmt: skip
+    tracker.observe_heartbeat(done)
+    assert tracker.threshold_s() == pytest.approx(CFG.min_s)
 
 
 def test_ranks_blocked_in_waits_the_sdk_cannot_see_are_victims_not_culprits() -> None:

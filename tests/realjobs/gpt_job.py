@@ -15,14 +15,15 @@ Cases run in turn in one process group (the model is compiled once and reloaded 
 initial weights for each), each a vigil job of its own (JSON list of objects):
 
     {"job": NAME, "iters": N, "slow": {"rank": R, "factor": F, "where": "forward" | "data"} | null,
-     "eval_s": E, "save_s": S}
+     "eval_s": E, "save_s": S, "reshape_at": I}
 
 `slow`: from iteration `FAULT_ITER` on, rank R spends (F - 1) x the iterations' agreed median
 time of iterations 2..7 more per iteration, spread over its micro-steps: spinning after each
 forward pass, or sleeping in its data loading. vigil writes to `$VIGIL_OUTPUT_DIR/<job>/`; the
 `eval_s`: each evaluation goes on (forward passes of the unwrapped model) until E seconds have
 passed; `save_s`: rank 0's save then takes S seconds more (slow storage). Both are the loop's
-own code, between iterations, on a healthy job. The
+own code, between iterations, on a healthy job. `reshape_at`: from iteration I on, micro-batches
+of MICRO_BATCH - 2 (the compiled model recompiles inside that iteration: a new input shape). The
 script's own files go to `DIR/<job>/`: rank 0's checkpoints and each rank's `rank<R>.json`, what
 the script itself saw (the graphs `torch.compile` made, the checkpoints saved, the iterations).
 """
@@ -82,8 +83,8 @@ class GPT(nn.Module):
         return nn.functional.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
 
-def get_batch(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ix = torch.randint(len(data) - BLOCK - 1, (MICRO_BATCH,)).tolist()
+def get_batch(data: torch.Tensor, size: int = MICRO_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    ix = torch.randint(len(data) - BLOCK - 1, (size,)).tolist()
     x = torch.stack([data[i : i + BLOCK] for i in ix])
     y = torch.stack([data[i + 1 : i + BLOCK + 1] for i in ix])
     return x, y
@@ -124,10 +125,11 @@ def train(
                     print(f"iter {it}: val loss {val.item() / world:.4f}", flush=True)
             mine = rank == slow.get("rank") and it >= FAULT_ITER
             extra = base * (float(slow.get("factor", 1.0)) - 1.0) if mine else 0.0
-            with vigil.agent.step(it, tokens=ACCUMULATE * MICRO_BATCH * BLOCK) as s:
+            size = MICRO_BATCH - 2 if it >= int(case.get("reshape_at", iters)) else MICRO_BATCH
+            with vigil.agent.step(it, tokens=ACCUMULATE * size * BLOCK) as s:
                 for micro in range(ACCUMULATE):
                     with vigil.agent.span("data"):
-                        x, y = get_batch(data)
+                        x, y = get_batch(data, size)
                         if slow.get("where") == "data" and extra:
                             time.sleep(extra / ACCUMULATE)
                     ddp.require_backward_grad_sync = micro == ACCUMULATE - 1

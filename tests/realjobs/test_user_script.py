@@ -5,9 +5,9 @@ over four micro-steps with DDP's all-reduce only on the last, clips gradients, e
 20 iterations (an all-reduce between steps), and saves checkpoints and prints its loss on rank 0
 alone, between steps. vigil is added as the README says, nothing more. One torchrun launch runs
 a clean job, a rank spinning a quarter of an iteration longer after each forward pass, a rank
-whose data loading stalls, and a healthy job whose evaluation lasts 25 s and whose rank-0 save
-6 s (no iteration ends meanwhile, and nothing is hung); each is analysed with `vigil analyze
---json` as a user runs it.
+whose data loading stalls, and a healthy job whose evaluation lasts 25 s, whose rank-0 save 6 s
+and whose model recompiles mid-run for a new input shape (no iteration ends meanwhile, and
+nothing is hung); each is analysed with `vigil analyze --json` as a user runs it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ CASES: list[dict[str, Any]] = [
     {"job": "gpt-slow", "iters": ITERS, "slow": {"rank": 2, "factor": 1.25, "where": "forward"}},
     {"job": "gpt-data", "iters": ITERS, "slow": {"rank": 1, "factor": 2.0, "where": "data"}},
     # A healthy job whose evaluation (every rank) lasts 25 s and whose rank-0 save lasts 6 s,
-    # both between iterations: no step ends meanwhile, yet nothing is hung.
-    {"job": "gpt-eval-save", "iters": ITERS, "eval_s": 25.0, "save_s": 6.0},
+    # both between iterations, and whose micro-batches shrink at iteration 32 (torch.compile
+    # recompiles inside it): no step ends for a while each time, yet nothing is hung.
+    {"job": "gpt-pauses", "iters": ITERS, "eval_s": 25.0, "save_s": 6.0, "reshape_at": 32},
 ]
 EXPECTED = {
     "gpt-clean": [],
     "gpt-slow": [("straggler", [2])],
     "gpt-data": [("data_stall", [1])],
-    "gpt-eval-save": [],
+    "gpt-pauses": [],
 }
 
 
@@ -84,7 +85,9 @@ def test_one_step_per_iteration_with_the_synced_micro_step_s_all_reduce(
             steps = [r for r in records if r["type"] == "step"]
             assert [r["step"] for r in steps] == list(range(ITERS))
             assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in steps)
-            assert all(r["tokens"] == 4 * 8 * 64 and r["loss"] > 0 for r in steps)
+            sizes = [6 if r["step"] >= case.get("reshape_at", ITERS) else 8 for r in steps]
+            assert [r["tokens"] for r in steps] == [4 * size * 64 for size in sizes]
+            assert all(r["loss"] > 0 for r in steps)
             ddp = [r for r in records if r["type"] == "coll_agg" and r["op"] == "ddp_all_reduce"]
             # Every iteration all-reduces its buckets once, on the last micro-step only: as
             # many buckets each step, never four times as many (DDP rebuilds its buckets
