@@ -48,23 +48,22 @@ class CompileWatch:
         """Register the callbacks once torch._dynamo is loaded (cheap until then), and again
         when `torch._dynamo.reset()` has cleared them."""
         handler = self._handler
-        if handler is not None:
-            if self._started not in handler.start_callbacks:
-                handler.register_start_callback(self._started)
-                handler.register_end_callback(self._ended)
-            return
-        if self._tried or _DYNAMO not in sys.modules:
-            return
-        self._tried = True
-        try:
-            from torch._dynamo import callback
+        if handler is None:
+            if self._tried or _DYNAMO not in sys.modules:
+                return
+            self._tried = True
+            try:
+                from torch._dynamo import callback
 
-            handler = callback.callback_handler
+                handler = callback.callback_handler
+            except (ImportError, AttributeError):  # a torch without compile callbacks
+                return
+            if not hasattr(handler, "register_start_callback"):
+                return
+            self._handler = handler
+        if self._started not in handler.start_callbacks:
             handler.register_start_callback(self._started)
             handler.register_end_callback(self._ended)
-        except (ImportError, AttributeError):  # a torch without compile callbacks
-            return
-        self._handler = handler
 
     def close(self) -> None:
         handler, self._handler = self._handler, None
