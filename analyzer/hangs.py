@@ -12,13 +12,8 @@ restart) is late to report, not behind: the finding waits for its next heartbeat
 at most, then names it with lower confidence). A heartbeat that arrives after a newer one of its
 rank does not move it back. Pure: the caller supplies `now_s`.
 
-It also tells a crash from a hang by the heartbeats, which the SDK's background thread sends
-each second whatever the training thread does: a hung rank keeps sending them, a dead one does
-not. Step records are signs of life too (`observe_step_ends`): a rank whose steps keep ending is
-alive however many of its heartbeats were lost. A rank silent in both, without its last word
-(`finished`, or `failed` when an exception ended the process), was killed outright; when its
-peers then end `failed` (their collectives broke) or keep beating (they wait for it), it is the
-crash's culprit. When every rank that stopped said `failed`, the first to fail is.
+It also tells a crash from a hang by the ranks' signs of life: a hung rank keeps sending
+heartbeats, a dead one does not (`crashes`, which holds the rule).
 """
 
 from __future__ import annotations
@@ -26,14 +21,13 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from vigil import schema
-from vigil.analyzer import aggcols, findings, groups, positions, waitgraph
+from vigil.analyzer import aggcols, crashes, findings, groups, positions, waitgraph
 from vigil.analyzer import config as config_mod
 
 # The wait-for graph lives in `waitgraph`; these names are part of this module's interface.
@@ -92,12 +86,7 @@ class HangTracker:
         self._restarted_s: float | None = None
         # The latest restart: heartbeats older than it describe ranks that no longer exist.
         self._epoch_s = 0.0
-        self._last_beat: dict[int, float] = {}  # rank -> time of its newest heartbeat
-        self._beat_gap_s = 0.0  # the longest time between two of one rank's heartbeats seen
-        # Per rank, the newest end of a step it reported (-inf: none): a rank whose step records
-        # keep arriving is alive, whatever became of its heartbeats.
-        self._step_ends = np.full(0, -np.inf)
-        self._failed: dict[int, float] = {}  # rank -> when it said `failed`
+        self._life = crashes.Liveness()  # heartbeats, step ends, last words: the crash rule's
         self._crash: schema.Finding | None = None
 
     @property
@@ -125,25 +114,7 @@ class HangTracker:
     def observe_step_ends(self, ranks: npt.ArrayLike, ends_s: npt.ArrayLike) -> None:
         """Ranks `ranks` ended steps at `ends_s` (their own clocks, as heartbeats): signs of
         life for the crash rule (vectorised: a streaming batch's step records at once)."""
-        r = np.asarray(ranks, dtype=np.int64).reshape(-1)
-        e = np.asarray(ends_s, dtype=np.float64).reshape(-1)
-        keep = (r >= 0) & np.isfinite(e) & (e >= self._epoch_s)
-        r, e = r[keep], e[keep]
-        if not r.size:
-            return
-        top = int(r.max()) + 1
-        if top > self._step_ends.size:
-            grown = np.full(top, -np.inf)
-            grown[: self._step_ends.size] = self._step_ends
-            self._step_ends = grown
-        np.maximum.at(self._step_ends, r, e)
-
-    def _alive_s(self, rank: int) -> float:
-        """The newest sign of life of `rank`: its newest heartbeat or step end (0: none)."""
-        beat = self._last_beat.get(rank, 0.0)
-        if rank < self._step_ends.size:
-            return max(beat, float(self._step_ends[rank]))
-        return beat
+        self._life.observe_step_ends(ranks, ends_s, self._epoch_s)
 
     def restarting(self, now_s: float) -> None:
         """The job's ranks are being restarted (a recovery action): forget positions."""
@@ -159,9 +130,7 @@ class HangTracker:
         self._outside.clear()
         self._compiling.clear()
         self._checkpoints.clear()
-        self._last_beat.clear()
-        self._step_ends = np.full(0, -np.inf)
-        self._failed.clear()
+        self._life.clear()
         self._crash = None
 
     def expect_ranks(self, ranks: Iterable[int]) -> None:
@@ -237,12 +206,7 @@ class HangTracker:
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
         if hb.time_s < self._epoch_s:
             return  # sent by a rank of an attempt that has since been restarted
-        newest = self._last_beat.get(hb.rank, 0.0)
-        self._last_beat[hb.rank] = max(newest, hb.time_s)
-        if newest > 0.0:
-            self._beat_gap_s = max(self._beat_gap_s, hb.time_s - newest)
-        if hb.state is schema.RankState.FAILED:
-            self._failed.setdefault(hb.rank, hb.time_s)
+        newest = self._life.beat(hb.rank, hb.time_s, hb.state)
         self._checkpoints[hb.rank] = max(self._checkpoints.get(hb.rank, 0), hb.checkpoints)
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
@@ -274,15 +238,8 @@ class HangTracker:
         if not kept.all():
             b = b.take(kept)
         ranks = b.rank.tolist()
-        beat = self._last_beat
-        newest = np.fromiter(map(beat.get, ranks, repeat(0.0)), np.float64, len(ranks))
-        beat.update(zip(ranks, np.maximum(newest, b.time_s).tolist(), strict=True))
-        seen = newest > 0.0
-        if seen.any():
-            self._beat_gap_s = max(self._beat_gap_s, float((b.time_s[seen] - newest[seen]).max()))
-        code = b.state_code
-        for i in np.flatnonzero(code == aggcols.STATE_CODES[schema.RankState.FAILED]).tolist():
-            self._failed.setdefault(ranks[i], float(b.time_s[i]))
+        failed = b.state_code == aggcols.STATE_CODES[schema.RankState.FAILED]
+        newest = self._life.beats(ranks, b.time_s, failed)
         done = self._checkpoints
         for i in np.flatnonzero(b.checkpoints > 0).tolist():
             done[ranks[i]] = max(done.get(ranks[i], 0), int(b.checkpoints[i]))
@@ -380,7 +337,7 @@ class HangTracker:
         if self._crash is not None:
             return None
         crash = self._check_crash(now_s, final=final)
-        if crash is not None or self._failed:
+        if crash is not None or self._life.failed:
             # A job whose ranks are failing is not hung: its crash is reported (or will be,
             # once the peers' last heartbeats are in).
             return crash
@@ -421,85 +378,24 @@ class HangTracker:
         rank's flusher thread, or its shipper after a collector restart, reports late; its
         stale position (not waiting, behind) must not make it a culprit. Empty when no rank
         sent heartbeats (positions from aggregates alone)."""
-        if culprits is None or not self._last_beat:
+        beats = self._life.last_beat
+        if culprits is None or not beats:
             return []
-        return [r for r in culprits.ranks if self._last_beat.get(r, 0.0) < since]
+        return [r for r in culprits.ranks if beats.get(r, 0.0) < since]
 
     def _check_crash(self, now_s: float, *, final: bool) -> schema.Finding | None:
-        beats = self._last_beat
-        if not beats:
+        found = self._life.culprits(now_s, self._ranks, self._finished, final=final)
+        if found is None:
             return None
-        ended = self._finished | set(self._failed)
-        if self._failed:
-            first = min(self._failed.values())
-            if not final and now_s < first + _PEERS_SETTLE_S:
-                return None  # the other ranks' last heartbeats may still be on their way
-            # Silent since before the first failure: living ranks beat each second (a rank
-            # known from its collectives that never sent a heartbeat is silent too).
-            known = self._ranks | set(beats)
-            culprits = sorted(
-                r for r in known if r not in ended and self._alive_s(r) <= first + _BEAT_SLACK_S
-            )
-            how = "stopped without a last word"
-            if not culprits:
-                # The first to fail: its peers' collectives break only once its process is
-                # gone, after its last word.
-                culprits = sorted(r for r, t in self._failed.items() if t == first)
-                how = "failed first"
-        elif now_s - min(beats.values()) < (silence := self.crash_silence_s()):
-            return None  # every rank beat recently: none is silent
-        else:
-            silent = [
-                r
-                for r, t in beats.items()
-                if r not in ended and now_s - t >= silence and now_s - self._alive_s(r) >= silence
-            ]
-            alive = [r for r, t in beats.items() if r not in ended and now_s - t < _ALIVE_S]
-            if not silent or not alive:
-                return None
-            culprits, how = sorted(silent), "stopped while its peers kept beating"
-        self._crash = self._crash_finding(now_s, culprits, how)
+        self._crash = crashes.crash_finding(
+            self.job_id, self._life, *found,
+            now_s=now_s, last_step=self._last_step, last_progress_s=self._last_progress_s,
+        )  # fmt: skip
         return self._crash
 
     def crash_silence_s(self) -> float:
-        """How long a rank without a last word must be silent, while its peers beat, to be
-        taken for dead: `_CRASH_SILENCE_S`, or twice the longest gap between one rank's
-        heartbeats seen in this job where beats have gone missing on their way before (a
-        lossy network, a collector that dropped some, a flusher held up), at most
-        `_CRASH_SILENCE_MAX_S`."""
-        return min(_CRASH_SILENCE_MAX_S, max(_CRASH_SILENCE_S, 2.0 * self._beat_gap_s))
-
-    def _crash_finding(self, now_s: float, culprits: list[int], how: str) -> schema.Finding:
-        beats = self._last_beat
-        last = max(self._alive_s(r) for r in culprits)
-        named = set(culprits)
-        peers = [t for r, t in beats.items() if r not in named]
-        shown = ", ".join(map(str, culprits[:8])) + ("..." if len(culprits) > 8 else "")
-        failed = len(self._failed)
-        return findings.make_finding(
-            kind=schema.FindingKind.CRASH,
-            job_id=self.job_id,
-            subjects=schema.Subjects(ranks=culprits),
-            step_start=self._last_step + 1,
-            step_end=self._last_step + 1,
-            summary=(
-                f"crash: rank(s) {shown} {how} after step {self._last_step}"
-                + (f"; {failed} rank(s) then failed" if failed else "")
-            ),
-            evidence=[
-                findings.evidence(
-                    "silent_before_peers",
-                    max(max(peers) - last, 0.0) if peers else 0.0,
-                    unit="s",
-                    note="from the culprit's newest heartbeat to its peers' newest",
-                ),
-                findings.evidence("ranks_failed", failed),
-            ],
-            confidence=0.9 if how != "failed first" else 0.7,
-            detected_s=now_s,
-            trace_start_s=self._last_progress_s,
-            trace_end_s=now_s,
-        )
+        """How long a silent rank must be silent to be taken for dead (`Liveness.silence_s`)."""
+        return self._life.silence_s()
 
     def _hang_finding(
         self,
@@ -580,24 +476,12 @@ class HangTracker:
         )
 
 
-# The SDK sends a heartbeat each second: 5 s without one (and no last word) is a dead process,
-# not a slow flush; a peer that beat within 2.5 s is alive. Failing peers' last heartbeats, and
-# the beats of peers still waiting, reach a collector within about 3 s of the first failure (a
-# flush interval, a POST, a retry); a rank that stopped by then (0.5 s slack for its last
-# flush) stopped first.
-_CRASH_SILENCE_S = 5.0
-# ... but where a job's heartbeats have been seen to go missing, twice the longest gap seen (a
-# rank's beats lost at random with probability p are missing n in a row with p**n), to here.
-_CRASH_SILENCE_MAX_S = 15.0
 # Rank ids up to this get the known-rank mask (16 MiB at most); larger ones are looked up.
 _KNOWN_MAX = 1 << 24
-_ALIVE_S = 2.5
-_PEERS_SETTLE_S = 3.0
-_BEAT_SLACK_S = 0.5
 # How much longer than the threshold a hang waits for culprits whose newest heartbeat predates
 # the stall (a flusher delayed by a loaded CPU, a shipper retrying after a collector restart):
 # their beats reach a collector within about 3 s, as a failing peer's last one does.
-_LATE_REPORT_S = _PEERS_SETTLE_S
+_LATE_REPORT_S = crashes.PEERS_SETTLE_S
 
 
 def _resolved(finding: schema.Finding, last_step: int) -> schema.Finding:

@@ -154,10 +154,10 @@ def _beats(rng: random.Random, n: int, t0: float) -> list[schema.Heartbeat]:
 
 def _state(t: hangs.HangTracker) -> tuple[object, ...]:
     return (
-        t._last_beat,
-        list(t._last_beat),
-        t._failed,
-        list(t._failed),
+        t._life.last_beat,
+        list(t._life.last_beat),
+        t._life.failed,
+        list(t._life.failed),
         {r: c for r, c in t._checkpoints.items() if c},
         t._positions.seqs(),
         [list(m) for m in t._positions.seqs().values()],
@@ -207,8 +207,8 @@ def _unordered(t: hangs.HangTracker) -> tuple[object, ...]:
     """`_state` without the order in which different ranks were first seen (which of two
     ranks' heartbeats came first in a batch is arbitrary; nothing reads that order)."""
     return (
-        t._last_beat,
-        t._failed,
+        t._life.last_beat,
+        t._life.failed,
         {r: c for r, c in t._checkpoints.items() if c},
         t._positions.seqs(),
         sorted(t._wait_list(), key=lambda w: w.rank),
