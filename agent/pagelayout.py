@@ -94,7 +94,7 @@ def page_path(progress_dir: Path, job: str, rank: int, run_id: str | None = None
     name = f"rank-{rank:05d}{PAGE_SUFFIX}"
     if run_id is not None:
         return Path(progress_dir) / job / run_id / name
-    found = sorted(Path(progress_dir).glob(f"{glob_escape(job)}/*/{name}"), key=_mtime)
+    found = sorted(Path(progress_dir).glob(f"{glob_escape(job)}/*/{name}"), key=mtime)
     if not found:
         raise FileNotFoundError(f"no page of rank {rank} of job {job!r} under {progress_dir}")
     return found[-1]
@@ -104,7 +104,8 @@ def glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
-def _mtime(path: Path) -> float:
+def mtime(path: Path) -> float:
+    """`path`'s modification time, 0 for one that is gone (a page or folder removed meanwhile)."""
     try:
         return path.stat().st_mtime
     except OSError:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from vigil import schema, spool
-from vigil.agent import progress
+from vigil.agent import pagelayout, progress
 from vigil.env import EnvVar
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def job_runs(root: Path, job: str) -> list[Path]:
     if not folder.is_dir():
         return []
     runs = [p for p in folder.iterdir() if p.is_dir()]
-    return sorted(runs, key=_mtime)
+    return sorted(runs, key=pagelayout.mtime)
 
 
 def make_dir(path: Path) -> None:
@@ -377,13 +377,6 @@ def _folders(parent: Path) -> list[Path]:
     return []
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):  # the job folder, once its last run is gone
@@ -437,10 +430,10 @@ def _in_use(folder: Path, *, alive: Callable[[int], bool], keep_crashed: bool) -
 
 def last_activity(folder: Path) -> float:
     """Wall time of the folder's last sign of life: its entries' mtimes, its pages' progress."""
-    newest = _mtime(folder)
+    newest = pagelayout.mtime(folder)
     with contextlib.suppress(OSError):
         for entry in folder.iterdir():
-            newest = max(newest, _mtime(entry))
+            newest = max(newest, pagelayout.mtime(entry))
             if entry.suffix == progress.PAGE_SUFFIX:
                 newest = max(newest, _Page(entry).progress_wall_s)
     return newest
@@ -476,6 +469,6 @@ def expire(
             removed.append(folder)
             log.info("expired the progress folder %s (its processes are gone)", folder)
         with contextlib.suppress(OSError):
-            if not any(job_dir.iterdir()) and now_s - _mtime(job_dir) >= ttl_s:
+            if not any(job_dir.iterdir()) and now_s - pagelayout.mtime(job_dir) >= ttl_s:
                 job_dir.rmdir()
     return removed
