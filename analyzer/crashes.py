@@ -33,6 +33,14 @@ CRASH_SILENCE_MAX_S = 15.0
 ALIVE_S = 2.5
 PEERS_SETTLE_S = 3.0
 BEAT_SLACK_S = 0.5
+# How `Liveness.culprits` names a crash's culprits when none stopped without a last word; the
+# tracker then looks for a better answer (`LEFT_EARLY`, `HUNG`).
+FAILED_FIRST = "failed first"
+LEFT_EARLY = (
+    "finished early: left the training loop while its peers were still in it (uneven data "
+    "across ranks?)"
+)
+HUNG = "hung, and its peers failed waiting for it (a collective timeout)"
 
 
 class Liveness:
@@ -135,7 +143,7 @@ class Liveness:
                 return culprits, "stopped without a last word"
             # The first to fail: its peers' collectives break only once its process is gone,
             # after its last word.
-            return sorted(r for r, t in self.failed.items() if t == first), "failed first"
+            return sorted(r for r, t in self.failed.items() if t == first), FAILED_FIRST
         silence = self.silence_s()
         if now_s - min(beats.values()) < silence:
             return None  # every rank beat recently: none is silent
@@ -185,7 +193,7 @@ def crash_finding(
             ),
             findings.evidence("ranks_failed", failed),
         ],
-        confidence=0.9 if how != "failed first" else 0.7,
+        confidence=0.9 if how != FAILED_FIRST else 0.7,
         detected_s=now_s,
         trace_start_s=last_progress_s,
         trace_end_s=now_s,

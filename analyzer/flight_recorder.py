@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil import schema
-from vigil.analyzer import findings, hangs
+from vigil.analyzer import findings, hangs, waitgraph
 from vigil.analyzer import stacks as stacks_mod
 
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
@@ -295,22 +295,20 @@ def _desyncs(states: Sequence[GroupState], job_id: str, now_s: float) -> list[sc
     out = []
     for st in states:
         for seq, by_rank in sorted(st.ops.items()):
-            if len(set(by_rank.values())) > 1:
-                variants: dict[str, list[int]] = defaultdict(list)
-                for rank, op in by_rank.items():
-                    variants[op].append(rank)
-                minority = min(variants.values(), key=len)
-                out.append(
-                    findings.make_finding(
-                        kind=schema.FindingKind.HANG,
-                        job_id=job_id,
-                        subjects=schema.Subjects(ranks=sorted(minority)),
-                        summary=f"collective desync in group {st.group!r} at #{seq}: "
-                        + "; ".join(f"{op} on ranks {sorted(r)}" for op, r in variants.items()),
-                        evidence=[findings.evidence("desync_seq", seq, note=f"group {st.group!r}")],
-                        confidence=0.85,
-                        detected_s=now_s,
-                    )
+            d = waitgraph.desync(st.group, seq, by_rank)
+            if d is None:
+                continue
+            out.append(
+                findings.make_finding(
+                    kind=schema.FindingKind.HANG,
+                    job_id=job_id,
+                    subjects=schema.Subjects(ranks=list(d.culprits)),
+                    summary=f"collective desync in group {st.group!r} at #{seq}: "
+                    + "; ".join(f"{op} on ranks {list(r)}" for op, r in d.variants),
+                    evidence=[findings.evidence("desync_seq", seq, note=f"group {st.group!r}")],
+                    confidence=0.85,
+                    detected_s=now_s,
                 )
-                break  # the first mismatch in a group explains the rest
+            )
+            break  # the first desync in a group explains the rest
     return out

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vigil import schema
-from vigil.analyzer import aggcols, crashes, findings, groups, positions, waitgraph
+from vigil.analyzer import aggcols, crashes, hangreport, positions, waitgraph
 from vigil.analyzer import config as config_mod
 
 # The wait-for graph lives in `waitgraph`; these names are part of this module's interface.
@@ -78,6 +78,8 @@ class HangTracker:
         self._outside: set[int] = set()
         self._compiling: set[int] = set()  # ranks whose torch.compile is compiling
         self._checkpoints: dict[int, int] = {}  # rank -> checkpoint spans it has finished
+        # rank -> its newest heartbeat: the collective it entered last, by name (desyncs).
+        self._entered: dict[int, schema.Heartbeat] = {}
         self._ranks: set[int] = set()
         self._known = np.zeros(0, dtype=bool)  # by rank: in `_ranks` (a fast check for batches)
         self._open: schema.Finding | None = None
@@ -130,6 +132,7 @@ class HangTracker:
         self._outside.clear()
         self._compiling.clear()
         self._checkpoints.clear()
+        self._entered.clear()
         self._life.clear()
         self._crash = None
 
@@ -210,6 +213,7 @@ class HangTracker:
         self._checkpoints[hb.rank] = max(self._checkpoints.get(hb.rank, 0), hb.checkpoints)
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
+        self._entered[hb.rank] = hb
         self.observe_position(
             hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state,
             between_steps=hb.between_steps, compiling=hb.compiling,
@@ -248,6 +252,8 @@ class HangTracker:
         if not now.all():
             b = b.take(now)
             ranks = b.rank.tolist()
+        records = b.records
+        self._entered.update(zip(ranks, map(records.__getitem__, b.at.tolist()), strict=True))
         self._positions_now(b, ranks)
 
     def _positions_now(self, b: aggcols.BeatBatch, ranks: list[int]) -> None:
@@ -362,7 +368,9 @@ class HangTracker:
             return None
         if silent <= threshold or (self._ranks and self._finished >= self._ranks):
             return None
-        culprits = find_culprits(self._wait_list(), self._positions.seqs(), self._ranks)
+        culprits = self._desynced() or find_culprits(
+            self._wait_list(), self._positions.seqs(), self._ranks
+        )
         if culprits is None and silent <= threshold * self.cfg.unknown_culprit_factor:
             return None  # nobody to name yet: positions may still show who, or steps resume
         late = self._unreported(culprits, since + threshold / 2)
@@ -370,6 +378,35 @@ class HangTracker:
             return None  # their newest positions predate the stall: wait for them to report
         self._open = self._hang_finding(now_s, silent, threshold, culprits, late)
         return self._open
+
+    def _desynced(self) -> Culprits | None:
+        """Culprits when members of a group entered different collectives as the same one,
+        by their newest heartbeats (point-to-point pairs aside: a send meets a receive)."""
+        at: dict[tuple[str, int], dict[int, str]] = {}
+        for rank, hb in self._entered.items():
+            if hb.last_group and hb.last_op and ":p2p:" not in hb.last_group:
+                at.setdefault((hb.last_group, hb.last_seq), {})[rank] = hb.last_op
+        for (group, seq), ops in sorted(at.items()):
+            found = waitgraph.desync(group, seq, ops)
+            if found is not None:
+                return waitgraph.desync_culprits(found)
+        return None
+
+    def _left_early(self) -> list[int]:
+        """Ranks that finished (left their training loop) behind a peer that has not: in some
+        group, a collective the peer entered after their last."""
+        if not self._finished:
+            return []
+        seqs = self._positions.seqs().values()
+        return sorted(
+            rank
+            for rank in self._finished
+            if any(
+                rank in members
+                and any(s > members[rank] for r, s in members.items() if r not in self._finished)
+                for members in seqs
+            )
+        )
 
     def _unreported(self, culprits: Culprits | None, since: float) -> list[int]:
         """The culprits whose newest heartbeat was sent before `since` (half the threshold, at
@@ -387,6 +424,15 @@ class HangTracker:
         found = self._life.culprits(now_s, self._ranks, self._finished, final=final)
         if found is None:
             return None
+        if found[1] == crashes.FAILED_FIRST:
+            # Failed because a peer had left the loop, or after a hang (a collective timeout):
+            # that peer, or the hang's culprits, not the first victim to give up.
+            early = self._left_early()
+            hung = list(self._open.subjects.ranks) if self._open is not None else []
+            if early:
+                found = early, crashes.LEFT_EARLY
+            elif hung:
+                found = hung, crashes.HUNG
         self._crash = crashes.crash_finding(
             self.job_id, self._life, *found,
             now_s=now_s, last_step=self._last_step, last_progress_s=self._last_progress_s,
@@ -405,75 +451,14 @@ class HangTracker:
         culprits: Culprits | None,
         late: Sequence[int],
     ) -> schema.Finding:
-        median = statistics.median(self._step_times) if self._step_times else 0.0
-        ev = [
-            findings.evidence(
-                "seconds_without_progress",
-                silent,
-                threshold,
-                unit="s",
-                note="baseline = learned hang threshold",
-            ),
-            findings.evidence("median_step_time", median, unit="s"),
-        ]
-        if culprits is None:
-            subjects = schema.Subjects()
-            summary = (
-                f"no step finished for {silent:.1f} s (threshold {threshold:.1f} s); "
-                "no rank reported waiting in a collective, culprit unknown"
-            )
-            if self._outside:
-                summary += f"; {len(self._outside)} rank(s) between steps"
-            confidence = 0.5
-        else:
-            subjects = schema.Subjects(ranks=list(culprits.ranks))
-            seqs = self._positions.seqs()
-            entered = [seqs.get(culprits.group, {}).get(r, -1) for r in culprits.ranks]
-            ev.append(
-                findings.evidence(
-                    "culprit_last_seq", min(entered), culprits.seq, note=f"group {culprits.group}"
-                )
-            )
-            ev.append(findings.evidence("ranks_waiting", culprits.num_waiting))
-            shown = ", ".join(map(str, culprits.ranks[:8])) + (
-                "..." if len(culprits.ranks) > 8 else ""
-            )
-            members = sorted(seqs.get(culprits.group, {}))
-            summary = (
-                f"hang: rank(s) {shown} never entered {culprits.op or 'collective'} "
-                f"#{culprits.seq} of group {culprits.group!r}, "
-                f"{groups.describe(culprits.group, members)}, that {culprits.num_waiting} "
-                f"rank(s) wait in; no progress for {silent:.1f} s (threshold {threshold:.1f} s)"
-            )
-            confidence = 0.95 if culprits.resolved and not late else 0.6
-            compiling = [r for r in culprits.ranks if r in self._compiling]
-            if compiling:
-                summary += f"; rank(s) {', '.join(map(str, compiling[:8]))} compiling"
-            outside = [r for r in culprits.ranks if r in self._outside]
-            if outside:
-                summary += (
-                    f"; rank(s) {', '.join(map(str, outside[:8]))} between steps, in the "
-                    "training loop's own code (a save, an evaluation, a data loader outside "
-                    "any span)"
-                )
-            if late:
-                summary += (
-                    f"; rank(s) {', '.join(map(str, late[:8]))} sent no heartbeat since progress"
-                    " stopped (their positions may be stale)"
-                )
-        return findings.make_finding(
-            kind=schema.FindingKind.HANG,
-            job_id=self.job_id,
-            subjects=subjects,
-            step_start=self._last_step + 1,
-            step_end=self._last_step + 1,
-            summary=summary,
-            evidence=ev,
-            confidence=confidence,
-            detected_s=now_s,
-            trace_start_s=self._last_progress_s,
-            trace_end_s=now_s,
-        )
+        stall = hangreport.Stall(
+            job_id=self.job_id, now_s=now_s, silent_s=silent, threshold_s=threshold,
+            median_step_s=statistics.median(self._step_times) if self._step_times else 0.0,
+            last_step=self._last_step, last_progress_s=self._last_progress_s,
+            seqs=self._positions.seqs(), waiting=len(self._waits), outside=self._outside,
+            compiling=self._compiling, finished=self._finished,
+        )  # fmt: skip
+        return hangreport.hang_finding(stall, culprits, late)
 
 
 # Rank ids up to this get the known-rank mask (16 MiB at most); larger ones are looked up.

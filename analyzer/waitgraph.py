@@ -4,14 +4,16 @@ Pure functions over positions: `seqs[group][rank]`, the last sequence number eac
 in each process group (from heartbeats and collective aggregates), and the ranks that say they
 wait inside a collective (`Wait`). `find_culprits` follows who waits for whom to the ranks at the
 ends of those chains; `behind_everywhere` names the ranks behind their peers in some group and
-ahead in none, for collectives whose waits the SDK cannot see (FSDP2, DTensor). Used by
-`hangs.HangTracker`; no state, no clocks.
+ahead in none, for collectives whose waits the SDK cannot see (FSDP2, DTensor); `desync` tells
+the members of a group that entered different collectives at one sequence number (a rank that
+left its loop early on uneven data, a rank-dependent branch). Used by `hangs.HangTracker` and
+the Flight Recorder analysis; no state, no clocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -35,6 +37,54 @@ class Culprits:
     op: str
     num_waiting: int
     resolved: bool  # False when the culprits are a best guess (membership unknown)
+    # A desync's collectives, the culprits' last (`Desync.variants`); empty for other stalls.
+    desync: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Desync:
+    """Members of `group` that entered different collectives as their `seq`-th."""
+
+    group: str
+    seq: int
+    variants: tuple[tuple[str, tuple[int, ...]], ...]  # (op, ranks), the most ranks first
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """The ranks outside the largest variant (the collective most members entered)."""
+        return tuple(sorted(r for _, ranks in self.variants[1:] for r in ranks))
+
+    @property
+    def resolved(self) -> bool:
+        """Whether one collective has more members than any other (else who is off is a guess)."""
+        return len(self.variants[0][1]) > len(self.variants[1][1])
+
+
+def desync(group: str, seq: int, ops: Mapping[int, str]) -> Desync | None:
+    """The desync at `seq` of `group` (`ops`: rank -> the op it entered there), if its members
+    entered different ops. In a synchronous program every member's n-th collective of a group
+    is the same one (a pair's sends meeting receives are the caller's to leave out)."""
+    by_op: dict[str, list[int]] = {}
+    for rank, op in ops.items():
+        by_op.setdefault(op, []).append(rank)
+    if len(by_op) < 2:
+        return None
+    variants = sorted(((op, tuple(sorted(r))) for op, r in by_op.items()), key=_most_first)
+    return Desync(group=group, seq=seq, variants=tuple(variants))
+
+
+def _most_first(variant: tuple[str, tuple[int, ...]]) -> tuple[int, str]:
+    return -len(variant[1]), variant[0]
+
+
+def desync_culprits(d: Desync) -> Culprits:
+    """A hang's culprits when its ranks desynced: those that entered another collective than
+    most members (who wait for them in it)."""
+    op, waiting = d.variants[0]
+    return Culprits(
+        ranks=d.culprits, group=d.group, seq=d.seq, op=op, num_waiting=len(waiting),
+        resolved=d.resolved, desync=d.variants,
+    )  # fmt: skip
 
 
 def find_culprits(
