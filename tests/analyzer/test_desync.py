@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support import beats as beats_mod
 from vigil import schema
 from vigil.analyzer import config, hangs, waitgraph
 
@@ -46,11 +47,7 @@ def _beats(
         )
         for rank, (group, seq, op, state) in where.items()
     ]  # fmt: skip
-    if batched:
-        tracker.observe_heartbeats(beats)
-    else:
-        for beat in beats:
-            tracker.observe_heartbeat(beat)
+    beats_mod.feed(tracker, beats, batched=batched)
 
 
 # Ranks 0-2 in step 10's DDP all-reduce (#31 of the world group; DDP waits in C++, so they say

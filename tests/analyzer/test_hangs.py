@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support import beats as beats_mod
 from tests.support import simulator as sim
 from vigil import schema
 from vigil.analyzer import config, hangs, streaming
@@ -235,11 +236,7 @@ def _outside_job(
             )
             for rank in range(4)
         ]  # fmt: skip
-        if batched:
-            tracker.observe_heartbeats(beats)
-        else:
-            for beat in beats:
-                tracker.observe_heartbeat(beat)
+        beats_mod.feed(tracker, beats, batched=batched)
     return tracker
 
 
@@ -307,11 +304,7 @@ def test_a_rank_recompiling_in_its_step_is_not_hung(batched: bool) -> None:
             )
             for rank in range(4)
         ]  # fmt: skip
-        if batched:
-            tracker.observe_heartbeats(beats)
-        else:
-            for beat in beats:
-                tracker.observe_heartbeat(beat)
+        beats_mod.feed(tracker, beats, batched=batched)
         if t < 109.0 + 10 * CFG.min_s:
             assert tracker.check(float(t)) is None, t
     assert tracker.threshold_s() == CFG.warmup_s

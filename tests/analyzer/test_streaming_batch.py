@@ -165,6 +165,7 @@ def _state(t: hangs.HangTracker) -> tuple[object, ...]:
         t._finished,
         t._checkpointing,
         t._ranks,
+        t._entered,
     )
 
 
@@ -215,6 +216,7 @@ def _unordered(t: hangs.HangTracker) -> tuple[object, ...]:
         t._finished,
         t._checkpointing,
         t._ranks,
+        t._entered,
     )
 
 
