@@ -78,10 +78,19 @@ def crash_finding(
     last: dict[int, int] | None,
     *,
     now_s: float,
+    left: Sequence[RankExit] = (),
 ) -> schema.Finding:
     """The crash of `attempt`: the first rank to exit, how (code or signal), and the step it
-    died in (the one after its last finished step in `last`; -1 when that is not known)."""
+    died in (the one after its last finished step in `last`; -1 when that is not known).
+
+    `left`: ranks of the attempt that exited cleanly before. One whose last finished step is
+    behind its peers' left its training loop early (its data ran out first: uneven shards),
+    and its peers' collectives then broke or timed out: it is the culprit, not the first of
+    them to exit."""
     first = min(failed, key=lambda e: e.seen_s)
+    early = _left_early(left, first, last)
+    if early is not None and last is not None:
+        return _left_early_finding(job_id, attempt, early, first, failed, last, now_s=now_s)
     rank, node, code = first.rank, first.node, first.returncode
     evidence = [
         schema.Evidence(metric="exit_code", observed=float(code), note=describe_exit(code)),
@@ -107,6 +116,54 @@ def crash_finding(
         ),
         evidence=evidence,
         confidence=1.0,
+        detected_s=now_s,
+    )
+
+
+def _left_early(
+    left: Sequence[RankExit], first: RankExit, last: dict[int, int] | None
+) -> RankExit | None:
+    """The first rank that exited cleanly, before `first` failed, behind its peers' steps."""
+    if not left or not last:
+        return None
+    furthest = max(last.values())
+    behind = [e for e in left if e.seen_s <= first.seen_s and last.get(e.rank, furthest) < furthest]
+    return min(behind, key=lambda e: e.seen_s, default=None)
+
+
+def _left_early_finding(
+    job_id: str,
+    attempt: int,
+    early: RankExit,
+    first: RankExit,
+    failed: Sequence[RankExit],
+    last: dict[int, int],
+    *,
+    now_s: float,
+) -> schema.Finding:
+    furthest = max(last.values())
+    return schema.Finding(
+        finding_id=crash_finding_id(job_id, attempt, early.rank),
+        kind=schema.FindingKind.CRASH,
+        job_id=job_id,
+        subjects=schema.Subjects(ranks=[early.rank], nodes=[early.node]),
+        step_start=last[early.rank] + 1,
+        step_end=furthest,
+        summary=(
+            f"rank {early.rank} on {early.node} left its training loop after step "
+            f"{last[early.rank]} and exited cleanly while its peers went on to step {furthest} "
+            f"(uneven data across ranks?); then rank {first.rank} on {first.node} "
+            f"{describe_exit(first.returncode)} (attempt {attempt}; first of {len(failed)} "
+            "to fail)"
+        ),
+        evidence=[
+            schema.Evidence(metric="exit_code", observed=0.0, note=describe_exit(0)),
+            schema.Evidence(metric="exit_time", observed=early.seen_s, unit="s"),
+            schema.Evidence(
+                metric="last_step", observed=float(last[early.rank]), baseline=float(furthest)
+            ),
+        ],
+        confidence=0.9,
         detected_s=now_s,
     )
 

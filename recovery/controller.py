@@ -27,7 +27,7 @@ from vigil.env import EnvVar
 from vigil.recovery import attempts, diagnosis, policy
 from vigil.recovery import journal as journal_mod
 from vigil.recovery.attempts import crash_finding_id
-from vigil.recovery.executor import Executor
+from vigil.recovery.executor import Executor, RankExit
 from vigil.recovery.placement import Placement
 from vigil.recovery.ports import (
     ActionSink,
@@ -111,6 +111,9 @@ class Controller:
     _adopted: int = field(default=0, init=False)
     # When each open finding was first seen, for the hang confirmation delay.
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
+    # Ranks of the running attempt that exited cleanly (one that left its loop early is the
+    # culprit of the crash its peers then end in); in memory only.
+    _left: list[RankExit] = field(default_factory=list, init=False)
     _replayed_s: float = field(default=0.0, init=False)
     _diagnoses: diagnosis.Diagnoses = field(init=False)
 
@@ -178,6 +181,7 @@ class Controller:
         self._record_diagnoses(self._diagnoses.finished())
         exits = self.executor.poll()
         failed = [e for e in exits if e.returncode != 0]
+        self._left.extend(e for e in exits if e.returncode == 0)
         if any(e.returncode == BAD_CONFIG_EXIT for e in failed):
             self._finish(
                 BAD_CONFIG_EXIT, "the job rejected its configuration; a restart won't fix it"
@@ -187,8 +191,9 @@ class Controller:
             # Read before anything is stopped: the ranks' pages say where each one got to.
             last = self._last_steps()
             finding = attempts.crash_finding(
-                self.config.job_id, self.state.attempt, failed, last, now_s=self.clock()
-            )
+                self.config.job_id, self.state.attempt, failed, last, now_s=self.clock(),
+                left=self._left,
+            )  # fmt: skip
             self._publish(finding)
             self._handle(finding, job_down=True, last=last)
             return
@@ -485,6 +490,7 @@ class Controller:
 
     def _launch(self, attempt: int) -> None:
         self.state.attempt_started_s = self.clock()
+        self._left = []
         self._save_placement(self.placement)
         self.executor.launch(self.placement, attempt)
 

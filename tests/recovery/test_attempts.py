@@ -180,6 +180,41 @@ def test_without_a_watch_the_record_says_unknown(tmp_path: Path) -> None:
     assert (final.attempt, final.resume_step, final.steps_lost) == (1, -1, -1)
 
 
+def _crash_after(clean: dict[int, int], tmp_path: Path) -> Finding:
+    """Attempt 0: rank 3 exits cleanly, then ranks 0-2 exit with code 1; `clean`: each rank's
+    last finished step. Attempt 1 finishes."""
+
+    def script(attempt: int, polls: int) -> list[RankExit]:
+        if attempt == 0 and polls == 2:
+            return [_exit(3, 0, "node-1")]
+        if attempt == 0 and polls == 3:
+            return [RankExit(rank=r, node="node-0", returncode=1, seen_s=50.7) for r in range(3)]
+        return [_exit(r, 0) for r in range(4)] if attempt == 1 and polls == 2 else []
+
+    sink = Recorder()
+    watch = FakeWatch(last={0: clean}, first={1: FirstStep(0, 60.0, "x")})
+    assert _controller(tmp_path, FakeExecutor(script), watch, sink).run() == 0
+    return next(r for r in sink.records if isinstance(r, Finding))
+
+
+def test_a_rank_that_left_its_loop_early_is_the_crash_culprit(tmp_path: Path) -> None:
+    """Rank 3's data ran out after step 29 (uneven shards): it exited cleanly while its peers
+    went on into step 30, whose all-reduce then broke under them."""
+    crash = _crash_after({0: 30, 1: 30, 2: 30, 3: 29}, tmp_path)
+    assert crash.subjects.ranks == [3] and crash.subjects.nodes == ["node-1"]
+    assert "rank 3 on node-1 left its training loop after step 29" in crash.summary
+    assert "then rank 0 on node-0 exited with code 1" in crash.summary
+    assert (crash.step_start, crash.step_end) == (30, 30)
+
+
+def test_ranks_that_finished_together_leave_the_crash_to_the_first_to_fail(
+    tmp_path: Path,
+) -> None:
+    """Every rank finished step 30; rank 3 exited first, then rank 0 failed in its own code."""
+    crash = _crash_after({r: 30 for r in range(4)}, tmp_path)
+    assert crash.subjects.ranks == [0] and "first of 3 to exit" in crash.summary
+
+
 def _diag(node: str, verdict: Verdict) -> list[DiagResult]:
     return [
         DiagResult(node=node, device="cpu", test="sdc.mismatches", value=0.0, verdict=Verdict.PASS),
