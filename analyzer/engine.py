@@ -119,9 +119,14 @@ def newest_time_s(records: Iterable[schema.Record]) -> float:
 
 
 def analyze_records(
-    records: Iterable[schema.Record], cfg: config_mod.AnalyzerConfig | None = None
+    records: Iterable[schema.Record],
+    cfg: config_mod.AnalyzerConfig | None = None,
+    *,
+    replay: bool = True,
 ) -> list[schema.Finding]:
-    """Every finding over a mix of records of one or more jobs (e.g. a folder of SDK JSONL)."""
+    """Every finding over a mix of records of one or more jobs (e.g. a folder of SDK JSONL);
+    `replay=False`: the array detectors only (the caller replays hangs and crashes itself, per
+    attempt: `replay_attempts`)."""
     cfg = cfg or config_mod.AnalyzerConfig()
     by_job: dict[str, list[schema.Record]] = defaultdict(list)
     samples: list[schema.Record] = []
@@ -139,5 +144,26 @@ def analyze_records(
         merged = job_records + samples
         a = arrays_mod.from_records(merged, job_id=job)
         out.extend(analyze_arrays(a, cfg))
-        out.extend(replay_hang(a, job_records, newest_time_s(merged), cfg.hang))
+        if replay:
+            out.extend(replay_hang(a, job_records, newest_time_s(merged), cfg.hang))
+    return out
+
+
+def replay_attempts(
+    tagged: Iterable[tuple[int, schema.Record]], cfg: config_mod.AnalyzerConfig | None = None
+) -> list[schema.Finding]:
+    """Hangs and crashes of a restarted job, each attempt replayed on its own (`tagged`:
+    (attempt, record) pairs): a new attempt's ranks count their steps and collectives from
+    scratch, and the crash that ended one attempt says nothing of the next."""
+    cfg = cfg or config_mod.AnalyzerConfig()
+    by_attempt: dict[tuple[str, int], list[schema.Record]] = defaultdict(list)
+    for attempt, record in tagged:
+        job = getattr(record, "job_id", "")
+        if job and not isinstance(record, schema.Finding | schema.Action):
+            by_attempt[(job, attempt)].append(record)
+    out: list[schema.Finding] = []
+    for (job, _), records in sorted(by_attempt.items()):
+        if any(isinstance(r, schema.StepRecord) for r in records):
+            a = arrays_mod.from_records(records, job_id=job)
+            out.extend(replay_hang(a, records, newest_time_s(records), cfg.hang))
     return out

@@ -207,6 +207,8 @@ class HangTracker:
                 states.discard(rank)
 
     def observe_heartbeat(self, hb: schema.Heartbeat) -> None:
+        if self._crash is not None and self._relaunched(hb):
+            self.restarting(hb.time_s)
         if hb.time_s < self._epoch_s:
             return  # sent by a rank of an attempt that has since been restarted
         newest = self._life.beat(hb.rank, hb.time_s, hb.state)
@@ -226,6 +228,10 @@ class HangTracker:
         built), vectorised. Ranks are independent of each other here, so where a rank sent
         several (batches merged, or a sender's shipment spanning seconds) each rank's first
         heartbeats are taken together, then each rank's second, ...: every rank's in its order."""
+        if self._crash is not None:  # a relaunch may begin in this batch: beat by beat
+            for beat in beats:
+                self.observe_heartbeat(beat)
+            return
         b = arrays if arrays is not None else aggcols.beat_batch(beats, self.names)
         if not len(b):
             return
@@ -235,6 +241,18 @@ class HangTracker:
                 self._distinct_beats(b.take(nth == k))
             return
         self._distinct_beats(b)
+
+    def _relaunched(self, hb: schema.Heartbeat) -> bool:
+        """Whether `hb`, sent after the crash was found, comes from a new process of a rank the
+        crash ended (its culprit, or one that failed): its launcher restarted the job
+        (`torchrun --max-restarts`) without a restart action reaching vigil. Hangs and crashes
+        of the new attempt are then tracked from scratch."""
+        crash = self._crash
+        if crash is None or hb.time_s <= crash.detected_s:
+            return False
+        if hb.state in (schema.RankState.FAILED, schema.RankState.FINISHED):
+            return False  # the old process's last words
+        return hb.rank in crash.subjects.ranks or hb.rank in self._life.failed
 
     def _distinct_beats(self, b: aggcols.BeatBatch) -> None:
         """`observe_heartbeats` of arrays in which no rank occurs twice."""

@@ -153,7 +153,10 @@ def analyze_path(
         if not isinstance(r, schema.Finding | schema.Action)
     ]
     if any(isinstance(r, schema.StepRecord) for r in records):
-        report.findings.extend(engine.analyze_records(records, config))
+        restarted = any(attempt > 0 for attempt, _ in tagged)
+        report.findings.extend(engine.analyze_records(records, config, replay=not restarted))
+        if restarted:  # each attempt's hangs and crash from its own records
+            report.findings.extend(engine.replay_attempts(tagged, config))
     # The controller saw its job's ranks exit, first and for certain: its crash findings stand
     # for the crash rule's guesses from the records (a killed rank's last records are lost).
     witnessed = {f.job_id for f in controller_findings if f.kind is schema.FindingKind.CRASH}

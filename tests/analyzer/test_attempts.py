@@ -101,3 +101,36 @@ def test_a_job_that_ran_once_has_no_attempts_section(tmp_path: Path) -> None:
     assert result.attempts == [] and "Attempts" not in report.to_text(result)
     assert offline.attempt_of(Path("rank-00003.attempt-12.jsonl")) == 12
     assert offline.attempt_of(Path("rank-00003.jsonl")) == 0
+
+
+def _beat(rank: int, t: float, seq: int, state: schema.RankState) -> schema.Heartbeat:
+    return schema.Heartbeat(
+        job_id=JOB, rank=rank, time_s=t, last_step=0, last_group="world", last_seq=seq,
+        last_op="all_reduce", state=state,
+    )  # fmt: skip
+
+
+def test_a_job_its_launcher_restarted_has_each_attempts_crash_and_hang(tmp_path: Path) -> None:
+    """torchrun --max-restarts, no controller: attempt 0's rank 3 dies after step 9 (its peers
+    fail); attempt 1 starts over at step 0 and its rank 1 stops before step 10 for good."""
+    folder = tmp_path / JOB
+    folder.mkdir()
+    failed, computing = schema.RankState.FAILED, schema.RankState.COMPUTE
+    waiting = schema.RankState.IN_COLLECTIVE
+    for rank in range(4):
+        first: list[schema.Record] = [_step(rank, s, 100.0 + s) for s in range(10)]
+        first += [_beat(rank, 100.5 + s, s + 1, computing) for s in range(10)]
+        if rank != 3:  # rank 3 vanished; its peers' all-reduce broke
+            first.append(_beat(rank, 110.6, 11, failed))
+        _write(folder / f"rank-0000{rank}.jsonl", first)
+        second: list[schema.Record] = [_step(rank, s, 200.0 + s) for s in range(10)]
+        second += [_beat(rank, 200.5 + s, s + 1, computing) for s in range(10)]
+        for t in range(210, 220):  # rank 1 never enters #11; its peers wait in it
+            state = computing if rank == 1 else waiting
+            second.append(_beat(rank, float(t), 10 if rank == 1 else 11, state))
+        _write(folder / f"rank-0000{rank}.attempt-1.jsonl", second)
+    found = sorted(
+        (f.kind.value, f.subjects.ranks, f.step_start)
+        for f in offline.analyze_path(folder).findings
+    )
+    assert found == [("crash", [3], 10), ("hang", [1], 10)], found

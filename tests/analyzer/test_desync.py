@@ -146,3 +146,27 @@ def test_a_crash_after_a_hang_with_no_culprit_names_the_first_to_fail() -> None:
            batched=True)  # fmt: skip
     crash = tracker.check(144.0)
     assert crash is not None and crash.subjects.ranks == [1], crash
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_job_its_launcher_restarted_gets_its_hangs_tracked_again(batched: bool) -> None:
+    """torchrun --max-restarts relaunches every rank after rank 3 was killed (no restart action
+    reaches vigil): once rank 3 beats again, the new attempt's stall is a hang of its own."""
+    tracker = _job()
+    _beats(tracker, 109.5, {r: ("world", 31, "all_reduce", S.COMPUTE) for r in range(4)},
+           batched=batched)  # fmt: skip
+    _beats(tracker, 110.2, {r: ("world", 31, "all_reduce", S.FAILED) for r in range(3)},
+           batched=batched)  # fmt: skip
+    crash = tracker.check(114.0)
+    assert crash is not None and crash.kind == "crash" and crash.subjects.ranks == [3]
+    # Attempt 1 from step 0: its ranks count their collectives from scratch.
+    for step in range(10):
+        tracker.observe_step_time(step, 120.0 + step, 1.0, 119.2 + step)
+        _beats(tracker, 120.0 + step, {r: ("world", 2 * step + 1, "all_reduce", S.COMPUTE)
+                                       for r in range(4)}, batched=batched)  # fmt: skip
+    stuck = {r: ("world", 21, "all_reduce", S.IN_COLLECTIVE) for r in (0, 2, 3)}
+    stuck[1] = ("world", 19, "all_reduce", S.COMPUTE)
+    for t in np.arange(129.5, 135.0, 1.0):
+        _beats(tracker, float(t), stuck, batched=batched)
+    hang = tracker.check(129.0 + CFG.min_s + 0.5)
+    assert hang is not None and hang.kind == "hang" and hang.subjects.ranks == [1], hang
