@@ -36,10 +36,8 @@ BEAT_SLACK_S = 0.5
 # How `Liveness.culprits` names a crash's culprits when none stopped without a last word; the
 # tracker then looks for a better answer (`LEFT_EARLY`, `HUNG`).
 FAILED_FIRST = "failed first"
-LEFT_EARLY = (
-    "finished early: left the training loop while its peers were still in it (uneven data "
-    "across ranks?)"
-)
+LEFT_LOOP = "left the training loop while its peers were still in it (uneven data across ranks?)"
+LEFT_EARLY = f"finished early: {LEFT_LOOP}"
 HUNG = "hung, and its peers failed waiting for it (a collective timeout)"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vigil import schema
-from vigil.analyzer import findings, groups
+from vigil.analyzer import crashes, findings, groups
 from vigil.analyzer.waitgraph import Culprits
 
 
@@ -117,11 +117,7 @@ def _named(stall: Stall, culprits: Culprits, late: Sequence[int]) -> str:
             "between steps, in the training loop's own code (a save, an evaluation, a data "
             "loader outside any span)",
         ),
-        (
-            stall.finished,
-            "finished: left the training loop while its peers were still in it (uneven data "
-            "across ranks?)",
-        ),
+        (stall.finished, f"finished: {crashes.LEFT_LOOP}"),
     )
     for flagged, note in notes:
         those = [r for r in culprits.ranks if r in flagged]

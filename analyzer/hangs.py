@@ -413,18 +413,12 @@ class HangTracker:
     def _left_early(self) -> list[int]:
         """Ranks that finished (left their training loop) behind a peer that has not: in some
         group, a collective the peer entered after their last."""
-        if not self._finished:
-            return []
-        seqs = self._positions.seqs().values()
-        return sorted(
-            rank
-            for rank in self._finished
-            if any(
-                rank in members
-                and any(s > members[rank] for r, s in members.items() if r not in self._finished)
-                for members in seqs
-            )
-        )
+        finished = self._finished
+        early: set[int] = set()
+        for members in self._positions.seqs().values() if finished else ():
+            going = max((s for r, s in members.items() if r not in finished), default=-1)
+            early.update(r for r in finished if members.get(r, going) < going)
+        return sorted(early)
 
     def _unreported(self, culprits: Culprits | None, since: float) -> list[int]:
         """The culprits whose newest heartbeat was sent before `since` (half the threshold, at
