@@ -16,7 +16,6 @@ import contextlib
 import logging
 import math
 import resource
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -104,7 +103,9 @@ class Background:
             schema.Heartbeat(
                 job_id=cfg.job,
                 rank=cfg.rank,
-                time_s=time.time(),
+                # The step records' clock (monotonic + the offset taken at start), so that a
+                # wall clock stepped meanwhile (NTP) cannot make silence out of progress.
+                time_s=self._clock() + self._wall_offset,
                 last_step=snap.last_step,
                 last_group=snap.last_group,
                 last_seq=snap.last_seq,

@@ -441,7 +441,7 @@ class Session:
             schema.Heartbeat(
                 job_id=cfg.job,
                 rank=cfg.rank,
-                time_s=time.time(),
+                time_s=self._clock() + self._wall_offset,  # the step records' clock
                 last_step=self.current_step,
                 state=state,
                 checkpoints=self.page.checkpoints,
