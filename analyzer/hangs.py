@@ -118,6 +118,11 @@ class HangTracker:
         life for the crash rule (vectorised: a streaming batch's step records at once)."""
         self._life.observe_step_ends(ranks, ends_s, self._epoch_s)
 
+    def rewind(self) -> None:
+        """The job's ranks count their steps again from a checkpoint's (a relaunch): the last
+        step is the newest to end from now on."""
+        self._last_step = -1
+
     def restarting(self, now_s: float) -> None:
         """The job's ranks are being restarted (a recovery action): forget positions."""
         self._restarted_s = now_s

@@ -118,6 +118,24 @@ class JobStream:
                 newest_beat = float(beat_arrays.time_s.max())
         aggs = self.window.agg_batch(agg_records)
         out: list[schema.Finding] = []
+        relaunched = self.window.relaunched_at(steps)
+        if relaunched == relaunched:  # not NaN: the old attempt's records first, then the new's
+            began = steps.column("start_s") >= relaunched
+            out.extend(self._add_steps(steps.take(~began), None))
+            out.extend(self._new_attempt())
+            steps = steps.take(began)
+        out.extend(self._add_steps(steps, aggs))
+        if newest_beat and not self.job_done:
+            hang = self.hang.check(newest_beat)
+            if hang is not None:
+                out.append(hang)
+        return out
+
+    def _add_steps(
+        self, steps: columns.StepColumns, aggs: aggcols.AggBatch | None
+    ) -> list[schema.Finding]:
+        """Add step records and aggregates to the window; analyse the steps that became ready."""
+        out: list[schema.Finding] = []
         numbers = steps.column("step")
         if len(steps):  # analyse what the ring would overwrite before it moves on
             batch_newest = int(numbers.max())
@@ -125,9 +143,10 @@ class JobStream:
             out.extend(self._analyse_ready(force_upto=batch_newest - self.window.capacity // 2))
         oldest = max(self.next_step, self.newest_step - self.window.capacity + 1, 0)
         latest_end = self.window.add_steps(steps, oldest)
-        self.window.add_aggregates(aggs, oldest)
-        # Sequence numbers only: an aggregate describes a finished step.
-        self.hang.observe_seqs(aggs)
+        if aggs is not None:
+            self.window.add_aggregates(aggs, oldest)
+            # Sequence numbers only: an aggregate describes a finished step.
+            self.hang.observe_seqs(aggs)
         if len(steps):
             self.newest_step = max(self.newest_step, batch_newest)
             if self.next_step < 0:
@@ -138,10 +157,36 @@ class JobStream:
             )
             self.hang.observe_step_ends(steps.column("rank"), steps.column("end_s"))
         out.extend(self._analyse_ready())
-        if newest_beat and not self.job_done:
-            hang = self.hang.check(newest_beat)
-            if hang is not None:
-                out.append(hang)
+        return out
+
+    def _new_attempt(self) -> list[schema.Finding]:
+        """The job's ranks were relaunched and train again steps the window already analysed
+        (`StepWindow.relaunched_at`: a restart resumed from a checkpoint, by vigil's controller
+        or by the launcher itself). What the old attempt left is analysed; then the step
+        analysis starts over, start-up included (`StragglerConfig.warmup_steps`), as a job's
+        first steps: without it the new attempt's steps would be skipped until they passed
+        the old attempt's newest. The old attempt's straggler and data-stall findings resolve
+        (their processes are gone); hangs and crashes keep their own account of restarts
+        (`HangTracker.restarting`)."""
+        out = self._analyse_ready(force_upto=self.newest_step)
+        for kind in stragglers.RANK_KINDS:
+            self.flag_ring[kind].fill(False)
+            self.hits[kind].fill(0)
+            self.reached[kind].fill(False)
+        self.began.fill(np.nan)
+        if self.analysed:
+            out.extend(self._close_finished())
+        self.window.clear_steps()
+        self.analysed.clear()
+        self.num_analysed = 0
+        self.next_step = self.newest_step = -1
+        self.unreported = False
+        self.mfu_reported_step = -(10**9)
+        self.mfu_series.clear()
+        self.mfu_steps.clear()
+        self.mfu_run = 0
+        self.mfu_pending.clear()
+        self.hang.rewind()
         return out
 
     def _fit(self, ranks: npt.NDArray[np.float64], numbers: npt.NDArray[np.float64]) -> None:

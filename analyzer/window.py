@@ -66,6 +66,7 @@ class StepWindow:
         self._data = {name: np.full((capacity, 0), np.nan, dtype=np.float32) for name in _FIELDS}
         self.row_step = np.full(capacity, -1, dtype=np.int64)
         self.rank_newest = np.full(0, -1, dtype=np.int64)  # per column: newest step reported
+        self.rank_end_s = np.full(0, -np.inf)  # per column: when its newest-ending step ended
         self.reported = np.zeros(capacity, dtype=np.int64)
         self.start_s = np.full(capacity, np.inf)
         self.end_s = np.full(capacity, -np.inf)
@@ -116,6 +117,9 @@ class StepWindow:
         newest = np.full(width, -1, dtype=np.int64)
         newest[: self._width] = self.rank_newest
         self.rank_newest = newest
+        ended = np.full(width, -np.inf)
+        ended[: self._width] = self.rank_end_s
+        self.rank_end_s = ended
         self._width = width
 
     def lengthen(self, capacity: int) -> None:
@@ -143,6 +147,33 @@ class StepWindow:
         self._dirty = {moved[r] for r in self._dirty if r in moved}
         self._transfers = {moved[r]: v for r, v in self._transfers.items() if r in moved}
         self.capacity = capacity
+
+    def clear_steps(self) -> None:
+        """Forget every step held (the job's ranks were relaunched and count their steps again):
+        ranks, their nodes, group names and the ring's length stay."""
+        for values in self._data.values():
+            values.fill(np.nan)
+        self.row_step.fill(-1)
+        self.reported.fill(0)
+        self.start_s.fill(np.inf)
+        self.end_s.fill(-np.inf)
+        self.rank_newest.fill(-1)
+        self.rank_end_s.fill(-np.inf)
+        self._aggs.clear()
+        self._dirty.clear()
+        self._transfers.clear()
+
+    def relaunched_at(self, batch: StepColumns) -> float:
+        """When the batch shows the job's ranks relaunched: the earliest start of a step record
+        that trains again a step its rank already reported (a new process resumed from a
+        checkpoint) and began after that rank's newest step ended (a retried shipment repeats
+        records that began before); NaN: none does."""
+        if not len(batch):
+            return float("nan")
+        values = batch.values[:, _PICK]
+        cols = self.columns(values[:, 0].astype(np.int64))
+        again = (values[:, 1] <= self.rank_newest[cols]) & (values[:, 2] >= self.rank_end_s[cols])
+        return float(values[again, 2].min()) if again.any() else float("nan")
 
     def set_node(self, rank: int, node: str, device: str = "") -> None:
         col = self.column(rank)
@@ -211,6 +242,7 @@ class StepWindow:
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
         np.maximum.at(self.rank_newest, col, steps)
+        np.maximum.at(self.rank_end_s, col, values[:, 3])
         return latest_end
 
     def quorum_step(self, share: float = 0.1) -> int:

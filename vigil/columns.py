@@ -97,10 +97,15 @@ class StepColumns:
         """The records of one job (self when the batch holds no other)."""
         if self.jobs() == {job_id}:
             return self
-        mask = np.fromiter((j == job_id for j in self.job_ids), dtype=bool, count=len(self))
+        return self.take(
+            np.fromiter((j == job_id for j in self.job_ids), dtype=bool, count=len(self))
+        )
+
+    def take(self, mask: npt.NDArray[np.bool_]) -> StepColumns:
+        """The records where `mask` is True, in their order."""
         return StepColumns(
             values=self.values[mask],
-            job_ids=[j for j in self.job_ids if j == job_id],
+            job_ids=[j for j, keep in zip(self.job_ids, mask.tolist(), strict=True) if keep],
             loss=None if self.loss is None else self.loss[mask],
         )
 
