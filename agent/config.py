@@ -85,6 +85,10 @@ class SdkConfig:
     time_collectives: bool = True
     # SIGUSR1 dumps all Python thread stacks with faulthandler (0 disables).
     stack_signal: int = 10
+    # On SIGTERM (torchrun stopping a failed rank's survivors, an eviction, a preemption) the
+    # rank says so (`terminated`) before the signal ends it, where nothing else handles SIGTERM
+    # (`terminate.py`); without it a stopped rank reads as one killed outright.
+    last_word_on_sigterm: bool = True
     # The SDK's own hang suspicion: no progress for factor x the slowest recent step, at least
     # min_hang_s, dumps the ring buffer and stacks to the output files.
     hang_factor: float = 5.0

@@ -42,6 +42,7 @@ from vigil.agent import (
     rankfiles,
     rundir,
     sinks,
+    terminate,
 )
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,9 @@ class Session:
         # ranks end FAILED too, while a rank killed outright (SIGKILL, os._exit, the OOM
         # killer) sends nothing more, which is how the analyzer names a crash's culprit.
         atexit.register(self._at_exit)
+        self._stopping, self._stopped = threading.Lock(), False
+        self._shut = threading.Event()  # set once a shutdown has shipped the last word
+        self._sigterm = terminate.install(self._terminated) if cfg.last_word_on_sigterm else None
 
     # -- set-up and errors ------------------------------------------------------------------
     def _resolve_peak(self) -> tuple[str, float]:
@@ -423,17 +427,43 @@ class Session:
         except Exception:  # at exit nothing may raise
             log.debug("vigil SDK: shutdown at exit failed", exc_info=True)
 
-    def shutdown(self, state: schema.RankState = schema.RankState.FINISHED) -> None:
+    def _terminated(self, signum: int) -> None:
+        """SIGTERM arrived (`terminate.py`, on its own thread; the process ends after this):
+        the rank's last word, `terminated`, and what it holds, shipped. The training thread's
+        hooks and patches stay: it may be running them. A shutdown already under way (an
+        exception's, at exit: a torchrun survivor whose collective broke as the signal came)
+        says its own last word first: waited for, within its timeout."""
+        if not self.shutdown(state=schema.RankState.TERMINATED, from_signal=True):
+            self._shut.wait(self.cfg.shutdown_timeout_s + 1.0)
+
+    def shutdown(
+        self, state: schema.RankState = schema.RankState.FINISHED, *, from_signal: bool = False
+    ) -> bool:
         """Flush and stop; `state` is the rank's last word (FAILED when an exception ended the
-        process before the training loop called shutdown). Waits for the collector at most
-        `shutdown_timeout_s` in all; what it did not take stays spooled for the node agent."""
+        process before the training loop called shutdown, TERMINATED at SIGTERM). Waits for
+        the collector at most `shutdown_timeout_s` in all; what it did not take stays spooled
+        for the node agent. False: a shutdown was already under way (it says the last word)."""
+        with self._stopping:
+            if self._stopped:
+                return False  # once: the training loop's shutdown and SIGTERM's may cross
+            self._stopped = True
+        try:
+            self._shutdown(state, from_signal=from_signal)
+        finally:
+            self._shut.set()
+        return True
+
+    def _shutdown(self, state: schema.RankState, *, from_signal: bool) -> None:
         deadline = time.monotonic() + self.cfg.shutdown_timeout_s
         if self.shipper is not None:
             self.shipper.finish_by(deadline)
         atexit.unregister(self._at_exit)
-        if self.cfg.time_collectives:
-            patching.uninstall()
-        self.phases.remove()
+        if not from_signal:
+            if self.cfg.time_collectives:
+                patching.uninstall()
+            self.phases.remove()
+            if self._sigterm is not None:
+                self._sigterm.uninstall()
         self._publish(state)
         self.background.settle(final=True)
         cfg = self.cfg

@@ -3,10 +3,13 @@
 The SDK's background thread sends a heartbeat each second whatever the training thread does: a
 hung rank keeps sending them, a dead one does not. Step records are signs of life too
 (`observe_step_ends`): a rank whose steps keep ending is alive however many of its heartbeats
-were lost. A rank silent in both, without its last word (`finished`, or `failed` when an
-exception ended the process), was killed outright; when its peers then end `failed` (their
-collectives broke) or keep beating (they wait for it), it is the crash's culprit. When every
-rank that stopped said `failed`, the first to fail is.
+were lost. A rank silent in both, without its last word (`finished`; `failed` when an
+exception ended the process; `terminated` when SIGTERM stopped it), was killed outright; when its
+peers then end `failed` (their collectives broke) or `terminated` (torchrun stops a failed rank's
+survivors with SIGTERM) or keep beating (they wait for it), it is the crash's culprit. When every
+rank that stopped had its last word, the first to stop is: the first to fail, or the ranks
+stopped by SIGTERM before any failed (an eviction, a preempted or drained node). A job whose
+every rank was stopped by SIGTERM and none failed was stopped, not crashed: no finding.
 
 `Liveness` holds one job's signs of life; `HangTracker` (`hangs`) owns one and turns what
 `Liveness.culprits` answers into a finding with `crash_finding`. Pure: the caller supplies
@@ -36,6 +39,10 @@ BEAT_SLACK_S = 0.5
 # How `Liveness.culprits` names a crash's culprits when none stopped without a last word; the
 # tracker then looks for a better answer (`LEFT_EARLY`, `HUNG`).
 FAILED_FIRST = "failed first"
+STOPPED_FIRST = (
+    "stopped by SIGTERM while its peers ran (an eviction, a preemption, a drained node or a "
+    "user's kill)"
+)
 LEFT_LOOP = "left the training loop while its peers were still in it (uneven data across ranks?)"
 LEFT_EARLY = f"finished early: {LEFT_LOOP}"
 HUNG = "hung, and its peers failed waiting for it (a collective timeout)"
@@ -51,6 +58,7 @@ class Liveness:
         # Per rank, the newest end of a step it reported (-inf: none).
         self.step_ends = np.full(0, -np.inf)
         self.failed: dict[int, float] = {}  # rank -> when it said `failed`
+        self.terminated: dict[int, float] = {}  # rank -> when it said `terminated`
 
     def clear(self) -> None:
         """Forget everything (the job's ranks are being restarted)."""
@@ -58,6 +66,7 @@ class Liveness:
         self.beat_gap_s = 0.0
         self.step_ends = np.full(0, -np.inf)
         self.failed.clear()
+        self.terminated.clear()
 
     def beat(self, rank: int, time_s: float, state: schema.RankState) -> float:
         """`rank` sent a heartbeat at `time_s` in `state`; returns its previous newest (0:
@@ -68,12 +77,19 @@ class Liveness:
             self.beat_gap_s = max(self.beat_gap_s, time_s - newest)
         if state is schema.RankState.FAILED:
             self.failed.setdefault(rank, time_s)
+        elif state is schema.RankState.TERMINATED:
+            self.terminated.setdefault(rank, time_s)
         return newest
 
     def beats(
-        self, ranks: list[int], times_s: npt.NDArray[np.float64], failed: npt.NDArray[np.bool_]
+        self,
+        ranks: list[int],
+        times_s: npt.NDArray[np.float64],
+        failed: npt.NDArray[np.bool_],
+        terminated: npt.NDArray[np.bool_],
     ) -> npt.NDArray[np.float64]:
-        """`beat` for distinct `ranks` at once (vectorised); returns their previous newest."""
+        """`beat` for distinct `ranks` at once (vectorised; `failed`, `terminated`: their
+        last words); returns their previous newest."""
         beat = self.last_beat
         newest = np.fromiter((beat.get(r, 0.0) for r in ranks), np.float64, len(ranks))
         beat.update(zip(ranks, np.maximum(newest, times_s).tolist(), strict=True))
@@ -82,6 +98,8 @@ class Liveness:
             self.beat_gap_s = max(self.beat_gap_s, float((times_s[seen] - newest[seen]).max()))
         for i in np.flatnonzero(failed).tolist():
             self.failed.setdefault(ranks[i], float(times_s[i]))
+        for i in np.flatnonzero(terminated).tolist():
+            self.terminated.setdefault(ranks[i], float(times_s[i]))
         return newest
 
     def observe_step_ends(
@@ -125,12 +143,13 @@ class Liveness:
         beats = self.last_beat
         if not beats:
             return None
-        ended = finished | set(self.failed)
-        if self.failed:
-            first = min(self.failed.values())
+        stopped = self.failed | self.terminated
+        ended = finished | set(stopped)
+        if stopped:
+            first = min(stopped.values())
             if not final and now_s < first + PEERS_SETTLE_S:
                 return None  # the other ranks' last heartbeats may still be on their way
-            # Silent since before the first failure: living ranks beat each second (a rank
+            # Silent since before the first to stop: living ranks beat each second (a rank
             # known from its collectives that never sent a heartbeat is silent too).
             culprits = sorted(
                 r
@@ -139,9 +158,7 @@ class Liveness:
             )
             if culprits:
                 return culprits, "stopped without a last word"
-            # The first to fail: its peers' collectives break only once its process is gone,
-            # after its last word.
-            return sorted(r for r, t in self.failed.items() if t == first), FAILED_FIRST
+            return self._first_stopped(known | set(beats), finished)
         silence = self.silence_s()
         if now_s - min(beats.values()) < silence:
             return None  # every rank beat recently: none is silent
@@ -154,6 +171,19 @@ class Liveness:
         if not silent or not alive:
             return None
         return sorted(silent), "stopped while its peers kept beating"
+
+    def _first_stopped(self, ranks: set[int], finished: set[int]) -> tuple[list[int], str] | None:
+        """When every rank that stopped had its last word: the first to fail (its peers'
+        collectives break only once its process is gone, after its last word); or the ranks
+        stopped by SIGTERM before any failed (None where every rank was: the job was stopped
+        as a whole, which is no crash)."""
+        first_failure = min(self.failed.values(), default=float("inf"))
+        early = sorted(r for r, t in self.terminated.items() if t < first_failure)
+        if early:
+            if set(early) | finished >= ranks:
+                return None
+            return early, STOPPED_FIRST
+        return sorted(r for r, t in self.failed.items() if t == first_failure), FAILED_FIRST
 
 
 def crash_finding(
@@ -171,7 +201,7 @@ def crash_finding(
     named = set(culprits)
     peers = [t for r, t in life.last_beat.items() if r not in named]
     shown = ", ".join(map(str, culprits[:8])) + ("..." if len(culprits) > 8 else "")
-    failed = len(life.failed)
+    failed, terminated = len(set(life.failed) - named), len(set(life.terminated) - named)
     return findings.make_finding(
         kind=schema.FindingKind.CRASH,
         job_id=job_id,
@@ -181,6 +211,7 @@ def crash_finding(
         summary=(
             f"crash: rank(s) {shown} {how} after step {last_step}"
             + (f"; {failed} rank(s) then failed" if failed else "")
+            + (f"; {terminated} rank(s) were then stopped by SIGTERM" if terminated else "")
         ),
         evidence=[
             findings.evidence(
@@ -189,7 +220,7 @@ def crash_finding(
                 unit="s",
                 note="from the culprit's newest heartbeat to its peers' newest",
             ),
-            findings.evidence("ranks_failed", failed),
+            findings.evidence("ranks_failed", len(life.failed)),
         ],
         confidence=0.9 if how != FAILED_FIRST else 0.7,
         detected_s=now_s,

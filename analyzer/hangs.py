@@ -255,9 +255,12 @@ class HangTracker:
         crash = self._crash
         if crash is None or hb.time_s <= crash.detected_s:
             return False
-        if hb.state in (schema.RankState.FAILED, schema.RankState.FINISHED):
+        if hb.state in _LAST_WORDS:
             return False  # the old process's last words
-        return hb.rank in crash.subjects.ranks or hb.rank in self._life.failed
+        life = self._life
+        return (
+            hb.rank in crash.subjects.ranks or hb.rank in life.failed or hb.rank in life.terminated
+        )
 
     def _distinct_beats(self, b: aggcols.BeatBatch) -> None:
         """`observe_heartbeats` of arrays in which no rank occurs twice."""
@@ -266,7 +269,8 @@ class HangTracker:
             b = b.take(kept)
         ranks = b.rank.tolist()
         failed = b.state_code == aggcols.STATE_CODES[schema.RankState.FAILED]
-        newest = self._life.beats(ranks, b.time_s, failed)
+        terminated = b.state_code == aggcols.STATE_CODES[schema.RankState.TERMINATED]
+        newest = self._life.beats(ranks, b.time_s, failed, terminated)
         done = self._checkpoints
         for i in np.flatnonzero(b.checkpoints > 0).tolist():
             done[ranks[i]] = max(done.get(ranks[i], 0), int(b.checkpoints[i]))
@@ -366,9 +370,9 @@ class HangTracker:
         if self._crash is not None:
             return None
         crash = self._check_crash(now_s, final=final)
-        if crash is not None or self._life.failed:
-            # A job whose ranks are failing is not hung: its crash is reported (or will be,
-            # once the peers' last heartbeats are in).
+        if crash is not None or self._life.failed or self._life.terminated:
+            # A job whose ranks are failing or being stopped is not hung: its crash is reported
+            # (or will be, once the peers' last heartbeats are in), or it was stopped.
             return crash
         if self._last_progress_s <= 0:
             return None
@@ -478,6 +482,10 @@ class HangTracker:
         return hangreport.hang_finding(stall, culprits, late)
 
 
+# The states a process sends last, as it ends.
+_LAST_WORDS = frozenset(
+    {schema.RankState.FAILED, schema.RankState.FINISHED, schema.RankState.TERMINATED}
+)
 # Rank ids up to this get the known-rank mask (16 MiB at most); larger ones are looked up.
 _KNOWN_MAX = 1 << 24
 # How much longer than the threshold a hang waits for culprits whose newest heartbeat predates

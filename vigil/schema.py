@@ -50,6 +50,9 @@ class RankState(enum.StrEnum):
     CHECKPOINTING = "checkpointing"
     FINISHED = "finished"
     FAILED = "failed"
+    # Stopped by SIGTERM from outside (a launcher stopping the job, an eviction, a preemption):
+    # the process's last word before the signal's default action ended it.
+    TERMINATED = "terminated"
 
 
 class FindingKind(enum.StrEnum):

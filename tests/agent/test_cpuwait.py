@@ -23,9 +23,12 @@ import vigil.agent
 from vigil import codec, schema
 from vigil.agent import cpuwait
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux schedstat"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux schedstat"
+    ),
+    pytest.mark.serial,  # "near zero on an idle core": no other test may share it
+]
 
 
 def _spin(seconds: float) -> None:

@@ -1,0 +1,192 @@
+"""The rank's last word at SIGTERM: said while the training thread is blocked in a collective,
+then the process ends as SIGTERM ends it; a trainer's own handler, a forked DataLoader-style
+child and Ctrl-C keep their behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.realjobs import launch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# A 2-rank gloo job, vigil added as the README says; `BEFORE` runs before init, `AFTER` where
+# the rank waits to be stopped (rank 1 never joins rank 0's last all-reduce).
+JOB = """
+import os, sys, time, signal, datetime, torch, torch.distributed as dist
+import vigil.agent
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+{before}
+vigil.agent.init(job="t", output_dir=sys.argv[1], last_word_on_sigterm={enabled})
+for step in range(3):
+    with vigil.agent.step(step):
+        dist.all_reduce(torch.ones(4))
+print("ready", flush=True)
+{after}
+"""
+BLOCKED = """
+if rank == 1:
+    time.sleep(100)
+dist.all_reduce(torch.ones(4))  # rank 0 waits here, inside gloo
+"""
+
+
+def _start(
+    tmp_path: Path, *, before: str = "", after: str = BLOCKED, enabled: bool = True
+) -> list[subprocess.Popen[str]]:
+    code = JOB.format(before=before, after=after, enabled=enabled)
+    port = launch.free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")},
+            "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(code), str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
+    return procs
+
+
+def _states(tmp_path: Path, rank: int) -> list[str]:
+    lines = (tmp_path / "t" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+    return [r["state"] for r in map(json.loads, lines) if r.get("type") == "heartbeat"]
+
+
+def _stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+
+
+def test_a_rank_blocked_in_a_collective_says_terminated_and_ends_by_sigterm(
+    tmp_path: Path,
+) -> None:
+    procs = _start(tmp_path)
+    try:
+        time.sleep(1.0)  # rank 0 is inside the all-reduce rank 1 never joins
+        began = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(20) == -signal.SIGTERM  # as if nothing had caught it
+        assert time.monotonic() - began < 10
+    finally:
+        _stop_all(procs)
+    assert _states(tmp_path, 0)[-1] == "terminated"
+
+
+def test_a_trainers_own_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
+    before = """
+def mine(signum, frame):
+    print("the trainer's handler", flush=True)
+    os._exit(7)
+signal.signal(signal.SIGTERM, mine)
+"""
+    after = "print('waiting', flush=True)\ntime.sleep(60)"
+    procs = _start(tmp_path, before=before, after=after)
+    try:
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(20) == 7
+        assert "the trainer's handler" in procs[0].stdout.read()
+    finally:
+        _stop_all(procs)
+    assert "terminated" not in _states(tmp_path, 0)
+
+
+def test_a_handler_the_trainer_sets_after_init_takes_sigterm_over(tmp_path: Path) -> None:
+    after = """
+def mine(signum, frame):
+    print("saving, then out", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, mine)
+print('waiting', flush=True)
+time.sleep(60)
+"""
+    procs = _start(tmp_path, after=after)
+    try:
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(20) == 75
+        assert "saving, then out" in procs[0].stdout.read()
+    finally:
+        _stop_all(procs)
+    assert "terminated" not in _states(tmp_path, 0)
+
+
+def test_turned_off_sigterm_ends_the_rank_at_once_without_a_word(tmp_path: Path) -> None:
+    procs = _start(tmp_path, enabled=False)
+    try:
+        time.sleep(1.0)
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(20) == -signal.SIGTERM
+    finally:
+        _stop_all(procs)
+    assert "terminated" not in _states(tmp_path, 0)
+
+
+def test_a_forked_child_ends_by_sigterm_and_its_parent_trains_on(tmp_path: Path) -> None:
+    # A DataLoader worker's shape: forked after init, stopped with SIGTERM by its parent.
+    after = """
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.5)
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+with vigil.agent.step(3):
+    dist.all_reduce(torch.ones(4))
+vigil.agent.shutdown()
+print("parent", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+"""
+    procs = _start(tmp_path, after=after)
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        _stop_all(procs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert f"child {-signal.SIGTERM}" in outs[0][0], outs[0]
+    assert "parent True" in outs[0][0], outs[0]  # shutdown gave SIGTERM its default back
+    assert _states(tmp_path, 0)[-1] == "finished"
+
+
+def test_ctrl_c_still_interrupts_the_training_loop(tmp_path: Path) -> None:
+    after = """
+try:
+    print("waiting", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    vigil.agent.shutdown()
+"""
+    procs = _start(tmp_path, after=after)
+    try:
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
+        procs[0].send_signal(signal.SIGINT)
+        out, _ = procs[0].communicate(timeout=30)
+        assert procs[0].returncode == 0 and "interrupted" in out
+    finally:
+        _stop_all(procs)
