@@ -35,8 +35,11 @@ culprit with an acceptable kind (for a straggler also mfu_drop); every finding o
 false (`clean_false_findings`; `clean_steps` counts their steps, once per mode, and
 `false_findings_per_10k_steps` relates the two). `shape_accuracy`: of the stragglers and data
 stalls found, the share whose first finding said the fault's shape (analyzer/shape.py: an
-intermittent straggler intermittent, a ramp growing, the rest steady). The last line is one
-JSON object with precision, recall, culprit_accuracy, kind_accuracy, clean_false_findings,
+intermittent straggler intermittent, a ramp growing, the rest steady). `recall_on_time`: the
+share of faults detected within the deadlines the targets set (stragglers and data stalls within
+20 steps of onset, hangs within max(3 x step time, 5 s); other faults, and the neighbour, whose
+slowness has no first step, have none). The last line is one JSON object with precision,
+recall, recall_on_time, culprit_accuracy, kind_accuracy, clean_false_findings,
 clean_steps, false_findings_per_10k_steps, median_latency_steps, shape_accuracy, cases (pooled
 over both modes), and the same per mode and for the targeted subsets (stragglers >= 1.25x,
 hangs, stragglers at 1.1x).
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import os
 import secrets
@@ -80,6 +84,10 @@ from vigil.analyzer import shape  # noqa: E402
 WRAPPERS = ("ddp", "fsdp", "tp", "pp", "plain", "fsdp_tp")
 FAULT_STEP = train.WARMUP + 2  # the first faulty step (Case.slow_delay's default from_step)
 STEPS = 40
+# The deadlines: stragglers within this many steps of onset, hangs within
+# max(3 x step time, this many seconds).
+WITHIN_STEPS = 20
+HANG_BUDGET_S = 5.0
 # A straggler flagged for its wait for a CPU is reported once its episode has lasted
 # `StragglerConfig.min_cpu_wait_episode_s` (3 s): ~110 of the pipeline's ~27 ms steps.
 NEIGHBOUR_STEPS = 150
@@ -324,6 +332,10 @@ class Score:
     correct: int = 0
     latency_steps: float | None = None
     latency_s: float | None = None
+    # Detected within the deadline (`on_time`): stragglers and stalls within
+    # `WITHIN_STEPS` steps of onset, hangs within max(3 x step time, 5 s); other faults (crash,
+    # slow link, the neighbour, whose slowness has no first step) have none: detected is on time.
+    on_time: bool = False
     # The shape the case's fault has (`expected_shape`) and the one its first finding of a
     # straggler or data-stall kind naming the culprit said (`said_shape`); None: not judged.
     want_shape: str | None = None
@@ -375,7 +387,20 @@ def score(
         ended = [step for step, end in ends if end >= detected - 1e-3]
         last = max((step for step, _ in ends), default=spec.onset)
         s.latency_steps = max(0, (min(ended) if ended else last) - spec.onset)
+    s.on_time = _on_time(spec, s, ends)
     return s
+
+
+def _on_time(spec: Spec, s: Score, ends: list[tuple[int, float]]) -> bool:
+    if not s.detected:
+        return False
+    if spec.kind in ("straggler", "data_stall") and spec.group != "noisy neighbour":
+        return s.latency_steps is not None and s.latency_steps <= WITHIN_STEPS
+    if spec.kind == "hang":
+        times = [b - a for (_, a), (step, b) in itertools.pairwise(ends) if step <= spec.onset]
+        budget = max(3 * statistics.median(times), HANG_BUDGET_S) if times else HANG_BUDGET_S
+        return s.latency_s is not None and s.latency_s <= budget
+    return True
 
 
 def _names(spec: Spec, finding: dict[str, Any]) -> bool:
@@ -403,6 +428,8 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
         "cases": len(scores),
         "precision": round(correct / findings, 3) if findings else 1.0,
         "recall": round(len(detected) / len(faults), 3) if faults else 1.0,
+        # Of the faults, the share detected within the deadline (`Score.on_time`).
+        "recall_on_time": round(sum(s.on_time for s in faults) / len(faults), 3) if faults else 1.0,
         "culprit_accuracy": round(sum(s.culprit_ok for s in detected) / len(detected), 3)
         if detected
         else 0.0,
@@ -426,8 +453,9 @@ def summarise(scores: list[Score]) -> dict[str, Any]:
 
 
 def _line(label: str, summary: dict[str, Any]) -> str:
-    keys = ("cases", "precision", "recall", "culprit_accuracy", "kind_accuracy",
-            "clean_false_findings", "median_latency_steps", "median_latency_s")  # fmt: skip
+    keys = ("cases", "precision", "recall", "recall_on_time", "culprit_accuracy",
+            "kind_accuracy", "clean_false_findings", "median_latency_steps",
+            "median_latency_s")  # fmt: skip
     return f"{label:<38} " + "  ".join(f"{k}={summary[k]}" for k in keys)
 
 
