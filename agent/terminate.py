@@ -7,17 +7,17 @@ OOM killer's SIGKILL), and the analyzer could not tell torchrun's survivors from
 death made torchrun stop them (`analyzer/crashes.py`).
 
 `install` catches SIGTERM only where nothing else does (its handler is the default one and
-Python's wakeup fd is free): a trainer's or a framework's own handler decides how its process
-ends, and is left alone, also when it is set after vigil's. Python runs signal handlers on the main thread between bytecodes, which
-a training thread blocked in a collective never reaches; so Python's C-level handler also
+Python's wakeup fd is free; not in a container's PID 1, which SIGTERM does not end): a
+trainer's or a framework's own handler decides how its process ends, and is left alone, also
+when it is set after vigil's. Python runs signal handlers on the main thread between bytecodes,
+which a training thread blocked in a collective never reaches; so Python's C-level handler also
 writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a thread of vigil's reads.
 That thread (or the handler on the main thread, where something else took the wakeup fd over)
 calls `on_signal` (the session queues its last word, `terminated`, and ships what it holds,
 within its shutdown timeout; a shutdown already under way says its own), then ends the process
 by SIGTERM's default action, as if nothing had caught it (exit status -15, no atexit handlers,
-no finally blocks). A forked
-child (a DataLoader worker) gets SIGTERM's default back at once: it shares the pipe, and must
-neither be kept alive by the handler nor end its parent.
+no finally blocks). A forked child (a DataLoader worker) gets SIGTERM's default back at once:
+it shares the pipe, and must neither be kept alive by the handler nor end its parent.
 """
 
 from __future__ import annotations
@@ -126,10 +126,14 @@ def _close(*fds: int) -> None:
 
 def install(on_signal: Callable[[int], None]) -> Guard | None:
     """Catch SIGTERM for `on_signal` (see the module docstring); None where it is not this
-    process's to catch: not the main thread, a handler already set, the wakeup fd in use."""
+    process's to catch: not the main thread, a handler already set, the wakeup fd in use, or
+    the process is its PID namespace's init (PID 1 in a container), which SIGTERM does not end
+    by default: caught, it would."""
     if threading.current_thread() is not threading.main_thread():
         return None
     if signal.getsignal(SIGNAL) is not signal.SIG_DFL:
+        return None
+    if os.getpid() == 1:  # a container's init: the kernel ignores SIGTERM's default for it
         return None
     global _current
     guard = Guard(on_signal)
