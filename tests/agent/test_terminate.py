@@ -96,40 +96,27 @@ def test_a_rank_blocked_in_a_collective_says_terminated_and_ends_by_sigterm(
     assert _states(tmp_path, 0)[-1] == "terminated"
 
 
-def test_a_trainers_own_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
-    before = """
+# The trainer's own handler (a checkpoint-and-exit): set before vigil's init, or after it.
+MINE = """
 def mine(signum, frame):
     print("the trainer's handler", flush=True)
-    os._exit(7)
-signal.signal(signal.SIGTERM, mine)
-"""
-    after = "print('waiting', flush=True)\ntime.sleep(60)"
-    procs = _start(tmp_path, before=before, after=after)
-    try:
-        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
-        procs[0].send_signal(signal.SIGTERM)
-        assert procs[0].wait(20) == 7
-        assert "the trainer's handler" in procs[0].stdout.read()
-    finally:
-        _stop_all(procs)
-    assert "terminated" not in _states(tmp_path, 0)
-
-
-def test_a_handler_the_trainer_sets_after_init_takes_sigterm_over(tmp_path: Path) -> None:
-    after = """
-def mine(signum, frame):
-    print("saving, then out", flush=True)
     sys.exit(75)
 signal.signal(signal.SIGTERM, mine)
-print('waiting', flush=True)
-time.sleep(60)
 """
-    procs = _start(tmp_path, after=after)
+WAIT = "print('waiting', flush=True)\ntime.sleep(60)"
+
+
+@pytest.mark.parametrize("when", ["before init", "after init"])
+def test_a_trainers_own_sigterm_handler_is_left_alone(tmp_path: Path, when: str) -> None:
+    if when == "before init":
+        procs = _start(tmp_path, before=MINE, after=WAIT)
+    else:
+        procs = _start(tmp_path, after=MINE + WAIT)
     try:
         assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(20) == 75
-        assert "saving, then out" in procs[0].stdout.read()
+        assert "the trainer's handler" in procs[0].stdout.read()
     finally:
         _stop_all(procs)
     assert "terminated" not in _states(tmp_path, 0)
