@@ -119,7 +119,10 @@ class JobStream:
         aggs = self.window.agg_batch(agg_records)
         out: list[schema.Finding] = []
         relaunched = self.window.relaunched_at(steps)
-        if relaunched == relaunched:  # not NaN: the old attempt's records first, then the new's
+        if not np.isnan(relaunched):  # the old attempt's step records first, then the new's
+            # (the batch's aggregates all go with the new attempt's: the old processes' last
+            # records come seconds before the new ones' first, so batches merged into one call
+            # seldom hold both)
             began = steps.column("start_s") >= relaunched
             out.extend(self._add_steps(steps.take(~began), None))
             out.extend(self._new_attempt())
