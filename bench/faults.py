@@ -301,23 +301,25 @@ def online_findings(collector: Collector, job: str) -> list[dict[str, Any]]:
 
 
 def step_times(folder: Path, spec: Spec) -> tuple[float, list[tuple[int, float]]]:
-    """The wall-clock start of the first faulty step and (step, end) of every step, from the
-    culprit's own step records (rank 0's on a clean job)."""
-    path = folder / f"rank-{max(spec.rank, 0):05d}.jsonl"
-    onset, ends = float("nan"), []
-    if not path.exists():
-        return onset, ends
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("type") != "step":
-            continue
-        ends.append((int(record["step"]), float(record["end_s"])))
-        if record["step"] == spec.onset:
-            onset = float(record["start_s"])
-    if onset != onset:  # the culprit died before the fault's step started: its last end
+    """The wall-clock start of the first faulty step (the culprit's own record; rank 0's on a
+    clean job) and (step, end) of every step, when its last rank ended it: the time a finding's
+    `detected_s` is on (the culprit itself may end a step a few ms before its peers)."""
+    onset, last_end = float("nan"), {}
+    for path in sorted(folder.glob("rank-*.jsonl")):
+        culprit = path.name == f"rank-{max(spec.rank, 0):05d}.jsonl"
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("type") != "step":
+                continue
+            step, end = int(record["step"]), float(record["end_s"])
+            last_end[step] = max(last_end.get(step, end), end)
+            if culprit and step == spec.onset:
+                onset = float(record["start_s"])
+    ends = sorted(last_end.items())
+    if onset != onset:  # the culprit died before the fault's step started: the last end
         before = [end for step, end in ends if step < spec.onset]
         onset = max(before) if before else onset
-    return onset, sorted(ends)
+    return onset, ends
 
 
 # -- scoring ----------------------------------------------------------------------------------
