@@ -68,6 +68,11 @@ class Liveness:
         self.failed.clear()
         self.terminated.clear()
 
+    @property
+    def stopped(self) -> dict[int, float]:
+        """The ranks that said their last word `failed` or `terminated`, and when."""
+        return self.failed | self.terminated
+
     def beat(self, rank: int, time_s: float, state: schema.RankState) -> float:
         """`rank` sent a heartbeat at `time_s` in `state`; returns its previous newest (0:
         none), which is newer than `time_s` for a heartbeat that arrived late."""
@@ -143,7 +148,7 @@ class Liveness:
         beats = self.last_beat
         if not beats:
             return None
-        stopped = self.failed | self.terminated
+        stopped = self.stopped
         ended = finished | set(stopped)
         if stopped:
             first = min(stopped.values())

@@ -257,10 +257,7 @@ class HangTracker:
             return False
         if hb.state in _LAST_WORDS:
             return False  # the old process's last words
-        life = self._life
-        return (
-            hb.rank in crash.subjects.ranks or hb.rank in life.failed or hb.rank in life.terminated
-        )
+        return hb.rank in crash.subjects.ranks or hb.rank in self._life.stopped
 
     def _distinct_beats(self, b: aggcols.BeatBatch) -> None:
         """`observe_heartbeats` of arrays in which no rank occurs twice."""
@@ -370,7 +367,7 @@ class HangTracker:
         if self._crash is not None:
             return None
         crash = self._check_crash(now_s, final=final)
-        if crash is not None or self._life.failed or self._life.terminated:
+        if crash is not None or self._life.stopped:
             # A job whose ranks are failing or being stopped is not hung: its crash is reported
             # (or will be, once the peers' last heartbeats are in), or it was stopped.
             return crash

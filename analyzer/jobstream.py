@@ -65,18 +65,23 @@ class JobStream:
         self.window = window_mod.StepWindow(job_id, cfg.stream_window_steps, num_ranks)
         self.hang = hangs.HangTracker(job_id, cfg.hang, names=self.window.names)
         self.hang.expect_ranks(range(num_ranks))
+        self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
+        self.job_done = False
+        self._start_steps()
+
+    def _start_steps(self) -> None:
+        """The step analysis's state as at a job's first step (or a relaunched attempt's)."""
         self.analysed: list[int] = []  # chronological steps analysed and still in the window
         self.num_analysed = 0
         self.next_step = -1  # lowest step not yet analysed
         self.newest_step = -1
         self.flag_ring = {
-            k: np.zeros((cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS
+            k: np.zeros((self.cfg.straggler.window, 0), dtype=bool) for k in stragglers.RANK_KINDS
         }
         self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
         # Whether each rank's current run of hits (an episode, as `robust.persistent_episodes`
         # has it) has been persistent: its hits can dip below `min_hits` and the episode go on.
         self.reached = {k: np.zeros(0, dtype=bool) for k in stragglers.RANK_KINDS}
-        self.open: dict[tuple[Kind, tuple[int, ...], tuple[str, ...]], schema.Finding] = {}
         # Persistent ranks the last detection did not report (`_unreported`): retried.
         self.unreported = False
         # When each rank's current run of straggler flags began (NaN: none): an episode can
@@ -89,7 +94,6 @@ class JobStream:
         self.mfu_run = 0  # consecutive newest windows flagged as a drop
         # Drops found, not yet lasted `MfuConfig.min_drop_s`, with their baseline levels.
         self.mfu_pending: list[tuple[schema.Finding, float]] = []
-        self.job_done = False
 
     # --- feeding -----------------------------------------------------------------------
     def feed(
@@ -172,23 +176,12 @@ class JobStream:
         (their processes are gone); hangs and crashes keep their own account of restarts
         (`HangTracker.restarting`)."""
         out = self._analyse_ready(force_upto=self.newest_step)
-        for kind in stragglers.RANK_KINDS:
-            self.flag_ring[kind].fill(False)
-            self.hits[kind].fill(0)
-            self.reached[kind].fill(False)
-        self.began.fill(np.nan)
-        if self.analysed:
+        if self.analysed:  # with no hits left, every open straggler finding is over
+            for hits in self.hits.values():
+                hits.fill(0)
             out.extend(self._close_finished())
+        self._start_steps()
         self.window.clear_steps()
-        self.analysed.clear()
-        self.num_analysed = 0
-        self.next_step = self.newest_step = -1
-        self.unreported = False
-        self.mfu_reported_step = -(10**9)
-        self.mfu_series.clear()
-        self.mfu_steps.clear()
-        self.mfu_run = 0
-        self.mfu_pending.clear()
         self.hang.rewind()
         return out
 
