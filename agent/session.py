@@ -421,19 +421,32 @@ class Session:
 
     # -- end ------------------------------------------------------------------------------
     def _at_exit(self) -> None:
-        failed = getattr(sys, "last_value", None) is not None  # an unhandled exception
         try:
-            self.shutdown(state=schema.RankState.FAILED if failed else schema.RankState.FINISHED)
+            if not self.shutdown(state=self._exit_state(schema.RankState.FINISHED)):
+                # SIGTERM's thread is saying the last word: the interpreter must not finish
+                # exiting under it (its daemon threads stop there); that thread ends the
+                # process once the word is out.
+                self._shut.wait(self.cfg.shutdown_timeout_s + 1.0)
         except Exception:  # at exit nothing may raise
             log.debug("vigil SDK: shutdown at exit failed", exc_info=True)
+
+    @staticmethod
+    def _exit_state(otherwise: schema.RankState) -> schema.RankState:
+        """FAILED once an unhandled exception has ended the main thread (Python sets
+        `sys.last_value` before it prints the traceback), else `otherwise`."""
+        failed = getattr(sys, "last_value", None) is not None
+        return schema.RankState.FAILED if failed else otherwise
 
     def _terminated(self, signum: int) -> None:
         """SIGTERM arrived (`terminate.py`, on its own thread; the process ends after this):
         the rank's last word, `terminated`, and what it holds, shipped. The training thread's
         hooks and patches stay: it may be running them. A shutdown already under way (an
         exception's, at exit: a torchrun survivor whose collective broke as the signal came)
-        says its own last word first: waited for, within its timeout."""
-        if not self.shutdown(state=schema.RankState.TERMINATED, from_signal=True):
+        says its own last word first: waited for, within its timeout. One that comes once an
+        exception has ended the main thread, before its exit's shutdown began, says `failed`
+        for it: the rank failed first (its collective broke), the signal only came after."""
+        state = self._exit_state(schema.RankState.TERMINATED)
+        if not self.shutdown(state=state, from_signal=True):
             self._shut.wait(self.cfg.shutdown_timeout_s + 1.0)
 
     def shutdown(
@@ -457,8 +470,8 @@ class Session:
         deadline = time.monotonic() + self.cfg.shutdown_timeout_s
         if self.shipper is not None:
             self.shipper.finish_by(deadline)
-        atexit.unregister(self._at_exit)
-        if not from_signal:
+        if not from_signal:  # at SIGTERM, an exit under way waits for this word (_at_exit)
+            atexit.unregister(self._at_exit)
             if self.cfg.time_collectives:
                 patching.uninstall()
             self.phases.remove()

@@ -4,12 +4,14 @@ child and Ctrl-C keep their behaviour."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ import vigil.agent
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 {before}
-vigil.agent.init(job="t", output_dir=sys.argv[1], last_word_on_sigterm={enabled})
+vigil.agent.init(job="t", output_dir=sys.argv[1], last_word_on_sigterm={enabled}{extra})
 for step in range(3):
     with vigil.agent.step(step):
         dist.all_reduce(torch.ones(4))
@@ -42,9 +44,14 @@ dist.all_reduce(torch.ones(4))  # rank 0 waits here, inside gloo
 
 
 def _start(
-    tmp_path: Path, *, before: str = "", after: str = BLOCKED, enabled: bool = True
+    tmp_path: Path,
+    *,
+    before: str = "",
+    after: str = BLOCKED,
+    enabled: bool = True,
+    extra: str = "",
 ) -> list[subprocess.Popen[str]]:
-    code = JOB.format(before=before, after=after, enabled=enabled)
+    code = JOB.format(before=before, after=after, enabled=enabled, extra=extra)
     port = launch.free_port()
     procs = []
     for rank in (0, 1):
@@ -177,3 +184,51 @@ except KeyboardInterrupt:
         assert procs[0].returncode == 0 and "interrupted" in out
     finally:
         _stop_all(procs)
+
+
+class _SlowCollector(http.server.BaseHTTPRequestHandler):
+    """Answers every batch after a second, with 503: the rank's shipments take that long."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        time.sleep(1.0)
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_sigterm_while_an_exception_ends_the_rank_keeps_its_last_word_failed(
+    tmp_path: Path,
+) -> None:
+    """A torchrun survivor: its collective broke (an exception ends it) and torchrun's SIGTERM
+    comes as Python prints the traceback, while the last word is still on its way to a slow
+    collector. The word is `failed` (the exception ended the rank; the signal only came
+    after); the interpreter does not finish exiting under the signal's thread (which left the
+    rank without a word, 1 torchrun run in ~14); and the process still ends by SIGTERM."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowCollector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    extra = f", collector={url!r}, also_jsonl=True, shutdown_timeout_s=4.0"
+    after = """
+def hook(kind, value, tb):
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's, as the traceback is printed
+    time.sleep(0.3)
+    sys.__excepthook__(kind, value, tb)
+sys.excepthook = hook
+if rank == 0:
+    raise RuntimeError("Connection closed by peer")
+time.sleep(30)
+"""
+    try:
+        procs = _start(tmp_path, after=after, extra=extra)
+        try:
+            assert procs[0].wait(30) == -signal.SIGTERM
+        finally:
+            _stop_all(procs)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _states(tmp_path, 0)[-1] == "failed"
