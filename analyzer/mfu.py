@@ -11,9 +11,12 @@ hides a fault present in only part of the window): a straggler (max compute per 
 median not), sequence-length imbalance (max compute up only as far as its rank's larger share
 of tokens explains, as in `stragglers.py`), GPU throttling (NVML SM clocks down or a harmful
 throttle reason), communication (collective transfer up) or data loading (every rank's: the
-median data time up; one rank's: the max's, and that rank is named). A drop blamed on a rank
-that the straggler detector also reports, for the same cause over overlapping steps, is not a
-second finding: `fold` adds its evidence to that finding instead. Pure numpy.
+median data time up; one rank's: the max's, and that rank is named); a cause that accounts for
+less than a quarter of the step time's growth is none ("cause unclear"). A drop blamed on a
+rank that the straggler detector also reports, for the same cause over overlapping steps, is
+not a second finding: `fold` adds its evidence to that finding instead; so does a slow-link
+finding for a drop blamed on communication, and a straggler, data-stall or slow-link finding
+for a drop of unclear cause. Pure numpy.
 """
 
 from __future__ import annotations
@@ -184,8 +187,8 @@ def detect(a: arrays_mod.StepArrays, cfg: config_mod.MfuConfig) -> list[schema.F
 def drop_finding(
     a: arrays_mod.StepArrays, drop: Drop, metric: str, cfg: config_mod.MfuConfig
 ) -> schema.Finding:
-    cause, subjects, ev, note = attribute(a, drop.change_row, cfg)
     pct = 1.0 - drop.after / drop.before if drop.before else 0.0
+    cause, subjects, ev, note = attribute(a, drop.change_row, cfg, pct)
     ev.insert(
         0,
         findings.evidence(metric, drop.after, drop.before, note=f"drop {pct:.1%}; z {drop.z:.1f}"),
@@ -205,9 +208,10 @@ def drop_finding(
 
 
 def attribute(
-    a: arrays_mod.StepArrays, change: int, cfg: config_mod.MfuConfig
+    a: arrays_mod.StepArrays, change: int, cfg: config_mod.MfuConfig, lost: float = 0.0
 ) -> tuple[str, schema.Subjects, list[schema.Evidence], str]:
-    """Which part of step time grew across the change: (cause, subjects, evidence, note)."""
+    """Which part of step time grew across the change, where the job lost the share `lost` of
+    its MFU (or throughput): (cause, subjects, evidence, note)."""
     before = slice(max(0, change - cfg.baseline_steps), change)
     after = slice(change, min(a.num_steps, change + cfg.recent_steps))
     compute = a.compute_s()
@@ -243,6 +247,11 @@ def attribute(
             (raw_max[1] - raw_max[0]) - everywhere - max(0.0, growth["a straggler"])
         )
     cause = max(growth, key=lambda k: growth[k])
+    # The step time's growth the drop implies (MFU and throughput go as 1 / step time): the
+    # drop is found on medians, which one slow step in a window does not move, as its mean.
+    step = delta(a.step_time_s, "median")
+    implied = step[0] * (1.0 / (1.0 - lost) - 1.0) if 0.0 < lost < 1.0 else 0.0
+    unexplained = growth[cause] < EXPLAINED_SHARE * implied
     ev = [
         findings.evidence(
             {
@@ -263,6 +272,13 @@ def attribute(
         for k, v in parts.items()
     ]
     subjects = schema.Subjects()
+    if unexplained:
+        ev.append(
+            findings.evidence(
+                "step_time", step[0] + implied, step[0], unit="s", note="as the drop implies"
+            )
+        )
+        return UNCLEAR_LABEL, subjects, ev, ""
     if cause == _IMBALANCE:
         return _imbalance(a, before, after, ev)
     if cause in (_STRAGGLER, _RANK_DATA):
@@ -302,7 +318,15 @@ def holds_up_most(values: robust.FloatArray) -> int:
     return int(np.argmax(np.where(finite, excess, -np.inf))) if finite.any() else 0
 
 
+# The cause named must account for this share of the step time's growth that the drop implies
+# (its parts' growth: means over the steps before and after the change); below it, none does.
+# In a 64-rank job a 1.25x straggler in backward did not move the max over ranks of compute,
+# which jitter sets at every step, and a communication growth of 0.2 % of the step was named
+# the cause of its 8 %.
+EXPLAINED_SHARE = 0.25
 _IMBALANCE = "sequence-length imbalance"
+# No part of step time grew by `EXPLAINED_SHARE` of it.
+_UNCLEAR = "unclear"
 _STRAGGLER = "a straggler"
 # One rank's data loading (its data time's max over ranks grew, the median did not): the job
 # waits for that rank's loader as for a straggler.
@@ -313,7 +337,9 @@ _LABELS = {
     _RANK_DATA: "data stall",
     "communication": "communication slowdown",
     "compute on every rank": "compute slowdown on every rank",
+    _UNCLEAR: "cause unclear (no part of the step time grew by a quarter of its growth)",
 }
+UNCLEAR_LABEL = _LABELS[_UNCLEAR]
 # Causes that name one rank, and the kind of finding that names it for the same cause.
 _BLAMES = {_STRAGGLER: schema.FindingKind.STRAGGLER, _RANK_DATA: schema.FindingKind.DATA_STALL}
 
@@ -331,20 +357,40 @@ def blamed(drop: schema.Finding) -> tuple[int, schema.FindingKind] | None:
 
 
 def explains(finding: schema.Finding, drop: schema.Finding, slack_steps: int) -> bool:
-    """Whether `finding` (a straggler or data-stall finding) names the rank `drop` blames for
-    the same cause, over steps that reach within `slack_steps` of the drop's."""
-    rank_kind = blamed(drop)
-    return (
-        rank_kind is not None
-        and finding.kind is rank_kind[1]
-        and finding.subjects.ranks == [rank_kind[0]]
-        and finding.step_start <= drop.step_end + slack_steps
+    """Whether `finding`, over steps that reach within `slack_steps` of the MFU drop's, is
+    that drop's cause: a straggler or data-stall finding naming the rank the drop blames for
+    the same cause; a slow link, for a drop blamed on communication; any of the three, for a
+    drop no part of step time explains (a straggler among many ranks, whose compute the max
+    over ranks does not show)."""
+    if drop.kind is not schema.FindingKind.MFU_DROP or not (
+        finding.step_start <= drop.step_end + slack_steps
         and drop.step_start <= finding.step_end + slack_steps
-    )
+    ):
+        return False
+    rank_kind = blamed(drop)
+    if rank_kind is not None:
+        return finding.kind is rank_kind[1] and finding.subjects.ranks == [rank_kind[0]]
+    if _says(drop, "communication"):
+        return finding.kind is schema.FindingKind.SLOW_LINK
+    return _says(drop, _UNCLEAR) and finding.kind in _CAUSES
+
+
+# The findings an unexplained drop may be folded into.
+_CAUSES = (
+    schema.FindingKind.STRAGGLER,
+    schema.FindingKind.DATA_STALL,
+    schema.FindingKind.SLOW_LINK,
+)
+
+
+def _says(drop: schema.Finding, cause: str) -> bool:
+    """Whether the drop's summary names `cause` as its cause."""
+    return f": {_LABELS.get(cause, cause)}" in drop.summary
 
 
 def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
-    """`straggler` (or a data-stall finding) with the drop's headline evidence added (once)."""
+    """`straggler` (or the data-stall or slow-link finding that explains the drop) with the
+    drop's headline evidence added (once)."""
     head = drop.evidence[0]
     note = f"job {head.metric} from step {drop.step_start} ({head.note})"
     if any(e.metric == head.metric for e in straggler.evidence):
@@ -354,10 +400,10 @@ def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
 
 
 def fold(found: list[schema.Finding], slack_steps: int) -> list[schema.Finding]:
-    """`found` without the MFU drops a straggler or data-stall finding among them explains,
-    each folded into that finding as evidence (order kept otherwise)."""
+    """`found` without the MFU drops another finding among them explains (`explains`), each
+    folded into that finding as evidence (order kept otherwise)."""
     out = list(found)
-    for drop in [f for f in found if blamed(f) is not None]:
+    for drop in [f for f in found if f.kind is schema.FindingKind.MFU_DROP]:
         for i, f in enumerate(out):
             if explains(f, drop, slack_steps):
                 out[i] = folded(f, drop)
