@@ -197,6 +197,7 @@ class Session:
         atexit.register(self._at_exit)
         self._stopping, self._stopped = threading.Lock(), False
         self._shut = threading.Event()  # set once a shutdown has shipped the last word
+        self._signalled = threading.Event()  # SIGTERM came, and vigil's handler acts on it
         self._sigterm = terminate.install(self._terminated) if cfg.last_word_on_sigterm else None
 
     # -- set-up and errors ------------------------------------------------------------------
@@ -424,11 +425,14 @@ class Session:
         try:
             if not self.shutdown(state=self._exit_state(schema.RankState.FINISHED)):
                 # SIGTERM's thread is saying the last word: the interpreter must not finish
-                # exiting under it (its daemon threads stop there); that thread ends the
-                # process once the word is out.
+                # exiting under it (its daemon threads stop there).
                 self._shut.wait(self.cfg.shutdown_timeout_s + 1.0)
         except Exception:  # at exit nothing may raise
             log.debug("vigil SDK: shutdown at exit failed", exc_info=True)
+        if self._signalled.is_set():
+            # The process ends by SIGTERM (exit status -15), as the signal's thread ends it once
+            # the word is out, not by the exit that was under way: whichever thread comes first.
+            terminate.die(terminate.SIGNAL)
 
     @staticmethod
     def _exit_state(otherwise: schema.RankState) -> schema.RankState:
@@ -445,6 +449,7 @@ class Session:
         says its own last word first: waited for, within its timeout. One that comes once an
         exception has ended the main thread, before its exit's shutdown began, says `failed`
         for it: the rank failed first (its collective broke), the signal only came after."""
+        self._signalled.set()
         state = self._exit_state(schema.RankState.TERMINATED)
         if not self.shutdown(state=state, from_signal=True):
             self._shut.wait(self.cfg.shutdown_timeout_s + 1.0)
