@@ -91,7 +91,8 @@ def make_sink(cfg: config.SdkConfig, run_dir: Path) -> tuple[sinks.Sink, outbox.
     )
     if not cfg.also_jsonl:
         return shipper, shipper
-    return sinks.TeeSink(shipper, jsonl_sink(cfg)), shipper
+    # The local copy first: a collector that is slow to answer holds a POST for its timeout.
+    return sinks.TeeSink(jsonl_sink(cfg), shipper), shipper
 
 
 def jsonl_sink(cfg: config.SdkConfig) -> sinks.JsonlSink:

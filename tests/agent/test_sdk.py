@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -337,3 +338,24 @@ def test_with_a_collector_also_jsonl_keeps_a_local_copy(dirs: tuple[Path, Path])
         pass
     vigil.agent.shutdown()
     assert any(isinstance(r, schema.StepRecord) for r in _records(dirs[0]))
+
+
+def test_the_local_copy_does_not_wait_for_a_collector_that_never_answers(
+    dirs: tuple[Path, Path],
+) -> None:
+    """A collector that takes connections and never answers holds each POST for its timeout
+    (5 s, retried); the JSONL copy is written before the records go to it, not after."""
+    with socket.socket() as mute:  # listens (the kernel completes connections), never reads
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        _init(dirs, collector=url, also_jsonl=True, shutdown_timeout_s=1.0)
+        with vigil.agent.step(0, tokens=1):
+            pass
+        path = dirs[0] / "unit" / "rank-00000.jsonl"
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and b'"type":"step"' not in path.read_bytes():
+            time.sleep(0.05)
+        written = any(isinstance(r, schema.StepRecord) for r in _records(dirs[0]))
+        vigil.agent.shutdown()
+    assert written
