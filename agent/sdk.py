@@ -272,15 +272,13 @@ def shutdown() -> None:
 
     Called while an exception propagates (a `finally:` around the training loop) or is being
     handled, the rank is marked failed instead: that is how its peers' crash is told apart from
-    a clean end. A process that exits without calling it is marked the same way at exit."""
+    a clean end; terminated where Ctrl-C (KeyboardInterrupt, or any error once SIGINT came)
+    stops it. A process that exits without calling it is marked the same way at exit."""
     global _session
     current_session, _session = _session, None
     if current_session is None:
         return
-    error = sys.exc_info()[1]
-    ending = not isinstance(error, SystemExit) or error.code not in (None, 0)
-    state = schema.RankState.FAILED if error is not None and ending else schema.RankState.FINISHED
     try:
-        current_session.shutdown(state)
+        current_session.shutdown(current_session.last_word(sys.exc_info()[1]))
     except Exception:
         log.exception("vigil SDK shutdown failed (training is unaffected)")

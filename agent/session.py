@@ -198,7 +198,12 @@ class Session:
         self._stopping, self._stopped = threading.Lock(), False
         self._shut = threading.Event()  # set once a shutdown has shipped the last word
         self._signalled = threading.Event()  # SIGTERM came, and vigil's handler acts on it
-        self._sigterm = terminate.install(self._terminated) if cfg.last_word_on_sigterm else None
+        self._interrupted = threading.Event()  # SIGINT came (Ctrl-C): the rank is being stopped
+        self._sigterm = (
+            terminate.install(self._terminated, self._interrupted.set)
+            if cfg.last_word_on_sigterm
+            else None
+        )
 
     # -- set-up and errors ------------------------------------------------------------------
     def _resolve_peak(self) -> tuple[str, float]:
@@ -434,12 +439,26 @@ class Session:
             # the word is out, not by the exit that was under way: whichever thread comes first.
             terminate.die(terminate.SIGNAL)
 
-    @staticmethod
-    def _exit_state(otherwise: schema.RankState) -> schema.RankState:
-        """FAILED once an unhandled exception has ended the main thread (Python sets
-        `sys.last_value` before it prints the traceback), else `otherwise`."""
-        failed = getattr(sys, "last_value", None) is not None
-        return schema.RankState.FAILED if failed else otherwise
+    def _exit_state(self, otherwise: schema.RankState) -> schema.RankState:
+        """The last word once an unhandled exception has ended the main thread (Python sets
+        `sys.last_value` before it prints the traceback: `last_word`), else `otherwise`."""
+        error = getattr(sys, "last_value", None)
+        return self.last_word(error) if error is not None else otherwise
+
+    def last_word(
+        self,
+        error: BaseException | None,
+        otherwise: schema.RankState = schema.RankState.FINISHED,
+    ) -> schema.RankState:
+        """The rank's last word when `error` ends it (None, or SystemExit with status 0:
+        `otherwise`): TERMINATED for Ctrl-C (KeyboardInterrupt) and for any error once SIGINT
+        came (a rank blocked in a collective raises only when peers the interrupt ended break
+        it: a job stopped with Ctrl-C is no crash), else FAILED."""
+        if error is None or (isinstance(error, SystemExit) and error.code in (None, 0)):
+            return otherwise
+        if isinstance(error, KeyboardInterrupt) or self._interrupted.is_set():
+            return schema.RankState.TERMINATED
+        return schema.RankState.FAILED
 
     def _terminated(self, signum: int) -> None:
         """SIGTERM arrived (`terminate.py`, on its own thread; the process ends after this):

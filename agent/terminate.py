@@ -1,24 +1,26 @@
 """A rank's last word when SIGTERM stops it, said even while its training thread is blocked.
 
 SIGTERM is how ranks are stopped from outside: torchrun stops a failed rank's survivors with it,
-Kubernetes evicts, preempts and drains nodes with it, a user's `kill` sends it. By default it ends
-the process on the spot, so a stopped rank falls silent just as a rank killed outright does (the
-OOM killer's SIGKILL), and the analyzer could not tell torchrun's survivors from the rank whose
-death made torchrun stop them (`analyzer/crashes.py`).
+Kubernetes evicts, preempts and drains nodes with it, a user's `kill` sends it. By default it
+ends the process on the spot, so a stopped rank falls silent just as a rank killed outright does
+(the OOM killer's SIGKILL), and the analyzer could not tell torchrun's survivors from the rank
+whose death made torchrun stop them (`analyzer/crashes.py`).
 
 `install` catches SIGTERM only where nothing else does (its handler is the default one and
-Python's wakeup fd is free; not in a container's PID 1, which SIGTERM does not end): a
-trainer's or a framework's own handler decides how its process ends, and is left alone, also
-when it is set after vigil's. Python runs signal handlers on the main thread between bytecodes,
-which a training thread blocked in a collective never reaches; so Python's C-level handler also
-writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a thread of vigil's reads.
-That thread (or the handler on the main thread, where something else took the wakeup fd over)
-calls `on_signal` (the session queues its last word, `terminated`, and ships what it holds,
-within its shutdown timeout; a shutdown already under way says its own), then ends the process
-by SIGTERM's default action, as if nothing had caught it (exit status -15, no atexit handlers,
-no finally blocks). A forked child (a DataLoader worker) gets SIGTERM's default back at once:
-it shares the pipe, and must neither be kept alive by the handler nor end its parent.
-"""
+Python's wakeup fd is free; not in a container's PID 1, which SIGTERM does not end): a trainer's
+or a framework's own handler decides how its process ends, and is left alone, also when it is
+set after vigil's. Python runs signal handlers on the main thread between bytecodes, which a
+training thread blocked in a collective never reaches; so Python's C-level handler also writes
+the signal's number to a pipe (`signal.set_wakeup_fd`) that a thread of vigil's reads. That
+thread (or the handler on the main thread, where something else took the wakeup fd over) calls
+`on_signal` (the session queues its last word, `terminated`, and ships what it holds, within its
+shutdown timeout; a shutdown already under way says its own), then ends the process by SIGTERM's
+default action, as if nothing had caught it (exit status -15, no atexit handlers, no finally
+blocks). SIGINT (Ctrl-C, which a terminal sends a launcher's whole process group) reaches that
+pipe too: `on_interrupt` learns of it at once, even where the training thread is blocked in a
+collective and raises only once that collective breaks. A forked child (a DataLoader worker)
+gets SIGTERM's default back at once: it shares the pipe, and must neither be kept alive by the
+handler nor end its parent."""
 
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ SIGNAL = signal.SIGTERM
 class Guard:
     """The installed handler and its thread; `uninstall` gives SIGTERM its default back."""
 
-    def __init__(self, on_signal: Callable[[int], None]) -> None:
+    def __init__(
+        self, on_signal: Callable[[int], None], on_interrupt: Callable[[], None] | None = None
+    ) -> None:
         self._on_signal = on_signal
+        self._on_interrupt = on_interrupt
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # set_wakeup_fd's requirement
         self._closed = False
@@ -85,8 +90,14 @@ class Guard:
             if self._closed or not got:  # uninstalled: this thread closes its end
                 _close(self._read)
                 return
-            # Not another signal Python handles (SIGINT), nor SIGTERM once a handler set after
-            # ours took it over (a trainer's, installed after init): theirs act.
+            # SIGINT (Ctrl-C) where Python's own handler raises KeyboardInterrupt: noted at once,
+            # also while the training thread is blocked in a collective (it raises only once the
+            # collective returns, often broken by peers the interrupt ended first).
+            interrupt = self._on_interrupt
+            if signal.SIGINT in got and interrupt is not None and _default_sigint():
+                interrupt()
+            # Not SIGTERM once a handler set after ours took it over (a trainer's, installed
+            # after init): theirs acts.
             if SIGNAL in got and signal.getsignal(SIGNAL) == self._handler:
                 self._act()
 
@@ -110,6 +121,11 @@ class Guard:
         _close(self._write)
 
 
+def _default_sigint() -> bool:
+    """Whether SIGINT raises KeyboardInterrupt (Python's own handler), not a trainer's."""
+    return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def _wakeup_fd() -> int:
     """The wakeup fd now set (main thread only: reading it means setting it back)."""
     fd = signal.set_wakeup_fd(-1)
@@ -124,11 +140,14 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
-def install(on_signal: Callable[[int], None]) -> Guard | None:
-    """Catch SIGTERM for `on_signal` (see the module docstring); None where it is not this
-    process's to catch: not the main thread, a handler already set, the wakeup fd in use, or
-    the process is its PID namespace's init (PID 1 in a container), which SIGTERM does not end
-    by default: caught, it would."""
+def install(
+    on_signal: Callable[[int], None], on_interrupt: Callable[[], None] | None = None
+) -> Guard | None:
+    """Catch SIGTERM for `on_signal` (see the module docstring), and tell `on_interrupt` when
+    SIGINT comes (Python's own handler raises KeyboardInterrupt for it); None where it is not
+    this process's to catch: not the main thread, a handler already set, the wakeup fd in use,
+    or the process is its PID namespace's init (PID 1 in a container), which SIGTERM does not
+    end by default: caught, it would."""
     if threading.current_thread() is not threading.main_thread():
         return None
     if signal.getsignal(SIGNAL) is not signal.SIG_DFL:
@@ -136,7 +155,7 @@ def install(on_signal: Callable[[int], None]) -> Guard | None:
     if os.getpid() == 1:  # a container's init: the kernel ignores SIGTERM's default for it
         return None
     global _current
-    guard = Guard(on_signal)
+    guard = Guard(on_signal, on_interrupt)
     if not guard._start():
         return None
     _after_fork_once()

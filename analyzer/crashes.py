@@ -3,13 +3,14 @@
 The SDK's background thread sends a heartbeat each second whatever the training thread does: a
 hung rank keeps sending them, a dead one does not. Step records are signs of life too
 (`observe_step_ends`): a rank whose steps keep ending is alive however many of its heartbeats
-were lost. A rank silent in both, without its last word (`finished`; `failed` when an
-exception ended the process; `terminated` when SIGTERM stopped it), was killed outright; when its
-peers then end `failed` (their collectives broke) or `terminated` (torchrun stops a failed rank's
-survivors with SIGTERM) or keep beating (they wait for it), it is the crash's culprit. When every
-rank that stopped had its last word, the first to stop is: the first to fail, or the ranks
-stopped by SIGTERM before any failed (an eviction, a preempted or drained node). A job whose
-every rank was stopped by SIGTERM and none failed was stopped, not crashed: no finding.
+were lost. A rank silent in both, without its last word (`finished`; `failed` when an exception
+ended the process; `terminated` when SIGTERM or Ctrl-C stopped it), was killed outright; when
+its peers then end `failed` (their collectives broke) or `terminated` (torchrun stops a failed
+rank's survivors with SIGTERM) or keep beating (they wait for it), it is the crash's culprit.
+When every rank that stopped had its last word, the first to stop is: the first to fail, or the
+ranks stopped by SIGTERM before any failed (an eviction, a preempted or drained node). A job
+whose every rank was stopped by SIGTERM or Ctrl-C and none failed was stopped, not crashed: no
+finding.
 
 `Liveness` holds one job's signs of life; `HangTracker` (`hangs`) owns one and turns what
 `Liveness.culprits` answers into a finding with `crash_finding`. Pure: the caller supplies
@@ -40,8 +41,8 @@ BEAT_SLACK_S = 0.5
 # tracker then looks for a better answer (`LEFT_EARLY`, `HUNG`).
 FAILED_FIRST = "failed first"
 STOPPED_FIRST = (
-    "stopped by SIGTERM while its peers ran (an eviction, a preemption, a drained node or a "
-    "user's kill)"
+    "stopped by SIGTERM or Ctrl-C while its peers ran (an eviction, a preemption, a drained "
+    "node or a user's kill)"
 )
 LEFT_LOOP = "left the training loop while its peers were still in it (uneven data across ranks?)"
 LEFT_EARLY = f"finished early: {LEFT_LOOP}"
@@ -216,7 +217,11 @@ def crash_finding(
         summary=(
             f"crash: rank(s) {shown} {how} after step {last_step}"
             + (f"; {failed} rank(s) then failed" if failed else "")
-            + (f"; {terminated} rank(s) were then stopped by SIGTERM" if terminated else "")
+            + (
+                f"; {terminated} rank(s) were then stopped by SIGTERM or Ctrl-C"
+                if terminated
+                else ""
+            )
         ),
         evidence=[
             findings.evidence(

@@ -50,8 +50,9 @@ class RankState(enum.StrEnum):
     CHECKPOINTING = "checkpointing"
     FINISHED = "finished"
     FAILED = "failed"
-    # Stopped by SIGTERM from outside (a launcher stopping the job, an eviction, a preemption):
-    # the process's last word before the signal's default action ended it.
+    # Stopped from outside: by SIGTERM (a launcher stopping the job, an eviction, a preemption),
+    # the process's last word before the signal's default action ended it; or by Ctrl-C
+    # (SIGINT: a KeyboardInterrupt, or an error once SIGINT came).
     TERMINATED = "terminated"
 
 

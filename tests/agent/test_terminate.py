@@ -184,6 +184,28 @@ except KeyboardInterrupt:
         assert procs[0].returncode == 0 and "interrupted" in out
     finally:
         _stop_all(procs)
+    assert _states(tmp_path, 0)[-1] == "terminated"  # stopped from outside, not failed
+
+
+def test_ctrl_c_on_a_rank_blocked_in_a_collective_that_then_breaks_says_terminated(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C reaches every rank of a launcher at once; a rank blocked in a collective raises
+    only when that collective returns, broken by the peers the interrupt ended (a gloo
+    connection error, not a KeyboardInterrupt). Its last word is still `terminated`: a job
+    stopped with Ctrl-C read as a crash naming the first rank to fail (a real 4-rank job under
+    torchrun, every rank `failed`)."""
+    procs = _start(tmp_path)
+    try:
+        time.sleep(1.0)  # rank 0 is inside the all-reduce rank 1 never joins
+        procs[0].send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert procs[0].poll() is None  # still blocked: Python has not raised yet
+        procs[1].kill()  # the peer the interrupt ended
+        procs[0].wait(30)
+    finally:
+        _stop_all(procs)
+    assert _states(tmp_path, 0)[-1] == "terminated"
 
 
 class _SlowCollector(http.server.BaseHTTPRequestHandler):
