@@ -69,7 +69,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if wrapper == "plain":  # the shape of a rank's slowness: some steps, or more and more
             every = {"kind": "slow", "rank": 3, "factor": 2.0, "every": 4}
             ramp = {"kind": "slow", "rank": 2, "ramp": 0.01}
-            cases.append({"job": "plain-intermittent", "steps": 36, "seed": 6, "fault": every})
+            # 40 faulty steps, 10 slow ones: the period's evidence needs 6 on one phase (at 28,
+            # one CI run beside other busy processes found none).
+            cases.append({"job": "plain-intermittent", "steps": 48, "seed": 6, "fault": every})
             cases.append({"job": "plain-ramp", "steps": 46, "seed": 6, "fault": ramp})
         result = launcher.launch(wrapper, cases, out, progress_dir=pages, timeout_s=400)
         assert result.exit_codes == [0, 0, 0, 0], f"{wrapper}: see {result.logs}"
