@@ -442,8 +442,7 @@ class Session:
     def _exit_state(self, otherwise: schema.RankState) -> schema.RankState:
         """The last word once an unhandled exception has ended the main thread (Python sets
         `sys.last_value` before it prints the traceback: `last_word`), else `otherwise`."""
-        error = getattr(sys, "last_value", None)
-        return self.last_word(error) if error is not None else otherwise
+        return self.last_word(getattr(sys, "last_value", None), otherwise)
 
     def last_word(
         self,

@@ -324,9 +324,9 @@ def holds_up_most(values: robust.FloatArray) -> int:
 # which jitter sets at every step, and a communication growth of 0.2 % of the step was named
 # the cause of its 8 %.
 EXPLAINED_SHARE = 0.25
+# How a drop's summary says that no part of step time grew by `EXPLAINED_SHARE` of it.
+UNCLEAR_LABEL = "cause unclear (no part of the step time grew by a quarter of its growth)"
 _IMBALANCE = "sequence-length imbalance"
-# No part of step time grew by `EXPLAINED_SHARE` of it.
-_UNCLEAR = "unclear"
 _STRAGGLER = "a straggler"
 # One rank's data loading (its data time's max over ranks grew, the median did not): the job
 # waits for that rank's loader as for a straggler.
@@ -337,9 +337,7 @@ _LABELS = {
     _RANK_DATA: "data stall",
     "communication": "communication slowdown",
     "compute on every rank": "compute slowdown on every rank",
-    _UNCLEAR: "cause unclear (no part of the step time grew by a quarter of its growth)",
 }
-UNCLEAR_LABEL = _LABELS[_UNCLEAR]
 # Causes that name one rank, and the kind of finding that names it for the same cause.
 _BLAMES = {_STRAGGLER: schema.FindingKind.STRAGGLER, _RANK_DATA: schema.FindingKind.DATA_STALL}
 
@@ -370,9 +368,9 @@ def explains(finding: schema.Finding, drop: schema.Finding, slack_steps: int) ->
     rank_kind = blamed(drop)
     if rank_kind is not None:
         return finding.kind is rank_kind[1] and finding.subjects.ranks == [rank_kind[0]]
-    if _says(drop, "communication"):
+    if _says(drop, _LABELS["communication"]):
         return finding.kind is schema.FindingKind.SLOW_LINK
-    return _says(drop, _UNCLEAR) and finding.kind in _CAUSES
+    return _says(drop, UNCLEAR_LABEL) and finding.kind in _CAUSES
 
 
 # The findings an unexplained drop may be folded into.
@@ -383,9 +381,9 @@ _CAUSES = (
 )
 
 
-def _says(drop: schema.Finding, cause: str) -> bool:
-    """Whether the drop's summary names `cause` as its cause."""
-    return f": {_LABELS.get(cause, cause)}" in drop.summary
+def _says(drop: schema.Finding, label: str) -> bool:
+    """Whether the drop's summary gives the cause `label` (as `_LABELS` words causes)."""
+    return f": {label}" in drop.summary
 
 
 def folded(straggler: schema.Finding, drop: schema.Finding) -> schema.Finding:
