@@ -61,7 +61,9 @@ class StragglerConfig:
     # intermittent stragglers, 2x every 4th step, carry it ~5 steps later than at 6, and 3 of
     # 24 are not found within its 20 steps), less `evidence_allowance` a step, summed over its
     # best run of its last 1 to `evidence_steps` steps (a CUSUM that forgets), must exceed
-    # `evidence_threshold`.
+    # `evidence_threshold`. A steady-shaped episode's runs leave their largest step out
+    # (`excess.accumulate`): a clean DDP rank of the fault matrix with two hiccups (3.5 each
+    # at the clip) in a run of high draws carried 14.45 and was reported a 1.11x straggler.
     # Smoothed z-scores alone let a clean rank's run of high jitter draws through (a rank of a
     # 4-rank job jittering ±15 % a step: ~3 standard deviations over ~12 steps, about once in
     # 10,000 clean steps): the spread of 4 ranks reads ~1.4x low. Over 12,000 steps of real
@@ -71,8 +73,8 @@ class StragglerConfig:
     # still found (16 missed one intermittent straggler more), and its clean ranks' sums stay
     # under 10: a 1.1x straggler there passes 12 within 3-14 steps (a pipeline's stage within
     # 10-17 steps or not at all), a 1.25x one within 1-10, so persistence (8 of 12) still
-    # decides most reports. In a job jittering ±15 % a step a 1.1x straggler needs ~40 steps,
-    # a 1.25x one 15-21, a 1.5x one 6-7.
+    # decides most reports. In a job jittering ±15 % a step a 1.1x straggler needs ~48 steps,
+    # a 1.25x one 18-24, a 1.5x one 7-8 (~40, 15-21 and 6-7 with every step counted).
     evidence_allowance: float = 0.5
     evidence_clip: float = 4.0
     evidence_steps: int = 48

@@ -45,11 +45,17 @@ def scores(
     return x
 
 
-def accumulate(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+def accumulate(
+    x: robust.FloatArray, cfg: config_mod.StragglerConfig, *, steady: bool = False
+) -> robust.FloatArray:
     """[steps, ranks]: the accumulated excess of `scores`: clipped, less the allowance a step,
-    summed over the best run of the last 1..`evidence_steps` steps."""
+    summed over the best run of the last 1..`evidence_steps` steps; for a `steady` straggler's
+    episode, each run's largest step left out (its claim rests on its usual steps: a hiccup or
+    two adds nothing to it, while an intermittent one's recurring slow steps are its claim)."""
     clipped = np.clip(x, -cfg.evidence_clip, cfg.evidence_clip)
-    return robust.accumulated_excess(clipped, cfg.evidence_allowance, cfg.evidence_steps)
+    return robust.accumulated_excess(
+        clipped, cfg.evidence_allowance, cfg.evidence_steps, leave_out_largest=steady
+    )
 
 
 def evident(
@@ -59,17 +65,19 @@ def evident(
     at: int,
     last: int,
     cfg: config_mod.StragglerConfig,
+    *,
+    steady: bool = False,
 ) -> tuple[int, schema.Evidence] | None:
     """The first row from `at` (persistent) to `last` by which one column's excess scores `x`
-    (with their `accumulated` excess) carry the evidence either way, and that evidence; None:
-    never."""
+    (with their `accumulated` excess, `accumulate(..., steady=steady)`) carry the evidence
+    either way, and that evidence; None: never."""
     reached = np.flatnonzero(accumulated[at : last + 1] > cfg.evidence_threshold)
     if reached.size:
         row = at + int(reached[0])
         # The period's evidence can come first (each slow step is capped in the sum).
         return _periodic(steps, x, at, row - 1, cfg) or (
             row,
-            _accumulated_evidence(float(accumulated[row]), cfg),
+            _accumulated_evidence(float(accumulated[row]), cfg, steady=steady),
         )
     return _periodic(steps, x, at, last, cfg)
 
@@ -105,12 +113,16 @@ def _periodic(
     return None
 
 
-def _accumulated_evidence(value: float, cfg: config_mod.StragglerConfig) -> schema.Evidence:
+def _accumulated_evidence(
+    value: float, cfg: config_mod.StragglerConfig, *, steady: bool
+) -> schema.Evidence:
     return findings.evidence(
         "accumulated_excess",
         value,
         cfg.evidence_threshold,
         note="per-step compute over the peers' median, in robust standard deviations, "
         f"less {cfg.evidence_allowance:g} a step, summed over its last "
-        f"{cfg.evidence_steps} steps at most (CUSUM); the threshold as the baseline",
+        f"{cfg.evidence_steps} steps at most (CUSUM"
+        + (", its largest step left out" if steady else "")
+        + "); the threshold as the baseline",
     )

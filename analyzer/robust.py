@@ -229,13 +229,29 @@ def group_columns(groups: npt.NDArray[np.integer]) -> list[npt.NDArray[np.intp]]
     return [np.flatnonzero(groups == g) for g in np.unique(groups)]
 
 
-def accumulated_excess(x: FloatArray, k: float, steps: int) -> FloatArray:
+def accumulated_excess(
+    x: FloatArray, k: float, steps: int, *, leave_out_largest: bool = False
+) -> FloatArray:
     """[steps, columns]: at each row, the largest sum of `x - k` over the runs of 1 to `steps`
     rows that end there (a CUSUM that forgets what is older than `steps` rows, so it needs
-    only the last `steps` rows and a streaming window reproduces it). NaN adds nothing."""
+    only the last `steps` rows and a streaming window reproduces it). NaN adds nothing.
+    `leave_out_largest`: each run's sum leaves out its largest term where that is positive, as
+    a trimmed mean does (a one-off spike adds nothing; two add one's worth)."""
     rows = x.shape[0]
+    terms = np.where(np.isfinite(x), x - k, 0.0)
     total = np.zeros((rows + 1, x.shape[1]))
-    np.cumsum(np.where(np.isfinite(x), x - k, 0.0), axis=0, out=total[1:])
+    np.cumsum(terms, axis=0, out=total[1:])
+    if leave_out_largest:
+        # Grow the runs backwards a row at a time: the run of `shift + 1` rows ending at row t
+        # starts at t - shift, sums total[t + 1] - total[t - shift], and `largest` holds its
+        # largest term.
+        best = np.full(terms.shape, -np.inf)
+        largest = np.full(terms.shape, -np.inf)
+        for shift in range(min(steps, rows)):
+            np.maximum(largest[shift:], terms[: rows - shift], out=largest[shift:])
+            run = total[shift + 1 :] - total[: rows - shift] - np.maximum(largest[shift:], 0.0)
+            np.maximum(best[shift:], run, out=best[shift:])
+        return best
     # The run ending at row t that starts at row j sums total[t + 1] - total[j]: the largest
     # is total[t + 1] minus the smallest total[j] over j in [t + 1 - steps, t].
     lowest = total[:-1].copy()

@@ -276,8 +276,7 @@ def detect(
     scores = scores or score(a, cfg)
     skip = cfg.warmup_steps if warmup_rows is None else max(warmup_rows, 0)
     out: list[schema.Finding] = []
-    x: robust.FloatArray | None = None  # excess.scores(a), once an episode needs them ...
-    accumulated: robust.FloatArray | None = None  # ... and their accumulated excess
+    x: robust.FloatArray | None = None  # excess.scores(a), once an episode needs them
     for kind in RANK_KINDS:
         flags = scores.flags(kind)
         if skip:
@@ -298,10 +297,16 @@ def detect(
                         continue
                     at = lasted
                 elif kind is Kind.STRAGGLER:
-                    if x is None or accumulated is None:
+                    if x is None:
                         x = excess.scores(a, stage_groups(a.stages), cfg)
-                        accumulated = excess.accumulate(x, cfg)
-                    carried = excess.evident(a.steps, x[:, col], accumulated[:, col], at, last, cfg)
+                    # The evidence fits the claim: a steady straggler's rests on its usual
+                    # steps, an intermittent one's on its recurring slow steps.
+                    spread = _spread(a, kind, slice(first, last + 1), col)
+                    steady = spread.kind is not shape.Kind.INTERMITTENT
+                    accumulated = excess.accumulate(x[:, col : col + 1], cfg, steady=steady)
+                    carried = excess.evident(
+                        a.steps, x[:, col], accumulated[:, 0], at, last, cfg, steady=steady
+                    )
                     if carried is None:
                         continue
                     at, evidence = carried
@@ -368,10 +373,7 @@ def rank_finding(
             note="flagged / steps in range",
         ),
     ]
-    peers = robust.others_median(values[rows], stage_groups(a.stages))[:, col]
-    with np.errstate(all="ignore"):  # its value over its scoring group's others' median
-        step = robust.nanmedian(a.step_time_s[rows], 1)
-        spread = shape.of(values[rows, col] / peers, (values[rows, col] - peers) / step)
+    spread = _spread(a, kind, rows, col, starved=starved)
     ev.extend(shape.evidence(spread))
     note = ""
     if kind is Kind.STRAGGLER:
@@ -409,6 +411,22 @@ def rank_finding(
         trace_start_s=_time_at(a, first, start=True),
         trace_end_s=_time_at(a, last),
     )
+
+
+def _spread(
+    a: arrays_mod.StepArrays,
+    kind: schema.FindingKind,
+    rows: slice,
+    col: int,
+    *,
+    starved: bool = False,
+) -> shape.Shape:
+    """How column `col`'s excess in its finding's signal spreads over `rows` (`shape.of`)."""
+    values, _ = _signal(a, kind, starved=starved)
+    peers = robust.others_median(values[rows], stage_groups(a.stages))[:, col]
+    with np.errstate(all="ignore"):  # its value over its scoring group's others' median
+        step = robust.nanmedian(a.step_time_s[rows], 1)
+        return shape.of(values[rows, col] / peers, (values[rows, col] - peers) / step)
 
 
 def _held_up(a: arrays_mod.StepArrays, col: int) -> str:

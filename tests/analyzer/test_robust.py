@@ -85,6 +85,32 @@ def test_accumulated_excess_is_the_best_recent_run(seed: int) -> None:
         np.testing.assert_allclose(got[t], np.max(runs, axis=0))
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_accumulated_excess_can_leave_out_each_runs_largest_step(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(30, 3))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    k, steps = 0.5, int(rng.integers(1, 12))
+    got = robust.accumulated_excess(x, k, steps, leave_out_largest=True)
+    terms = np.where(np.isfinite(x), x - k, 0.0)
+    for t in range(x.shape[0]):
+        runs = [
+            terms[j : t + 1].sum(axis=0) - np.maximum(terms[j : t + 1].max(axis=0), 0.0)
+            for j in range(max(0, t - steps + 1), t + 1)
+        ]
+        np.testing.assert_allclose(got[t], np.max(runs, axis=0), atol=1e-12)
+
+
+def test_a_one_off_spike_adds_nothing_once_the_largest_step_is_left_out() -> None:
+    x = np.zeros((12, 1))
+    x[3] = 4.0  # one hiccup, clipped
+    assert robust.accumulated_excess(x, 0.5, 8)[3, 0] == pytest.approx(3.5)
+    assert robust.accumulated_excess(x, 0.5, 8, leave_out_largest=True)[3, 0] == 0.0
+    x[6] = 4.0  # a second one: one hiccup's worth, less the allowance of the steps between
+    got = robust.accumulated_excess(x, 0.5, 8, leave_out_largest=True)[6, 0]
+    assert got == pytest.approx(3.5 - 2 * 0.5)
+
+
 def test_accumulated_excess_forgets_what_is_older_than_its_steps() -> None:
     x = np.zeros((20, 1))
     x[:5] = 3.0  # 5 steps 2.5 above the allowance, then nothing
