@@ -72,33 +72,22 @@ def test_others_median_of_a_small_group_is_not_the_value_itself() -> None:
     np.testing.assert_array_equal(got, [[6.0, 5.5, 1.5]])
 
 
+@pytest.mark.parametrize("leave_out_largest", [False, True])
 @pytest.mark.parametrize("seed", range(10))
-def test_accumulated_excess_is_the_best_recent_run(seed: int) -> None:
+def test_accumulated_excess_is_the_best_recent_run(seed: int, leave_out_largest: bool) -> None:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(30, 3))
     x[rng.random(x.shape) < 0.1] = np.nan
     k, steps = 0.5, int(rng.integers(1, 12))
-    got = robust.accumulated_excess(x, k, steps)
+    got = robust.accumulated_excess(x, k, steps, leave_out_largest=leave_out_largest)
     terms = np.where(np.isfinite(x), x - k, 0.0)
     for t in range(x.shape[0]):
-        runs = [terms[j : t + 1].sum(axis=0) for j in range(max(0, t - steps + 1), t + 1)]
-        np.testing.assert_allclose(got[t], np.max(runs, axis=0))
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_accumulated_excess_can_leave_out_each_runs_largest_step(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(30, 3))
-    x[rng.random(x.shape) < 0.1] = np.nan
-    k, steps = 0.5, int(rng.integers(1, 12))
-    got = robust.accumulated_excess(x, k, steps, leave_out_largest=True)
-    terms = np.where(np.isfinite(x), x - k, 0.0)
-    for t in range(x.shape[0]):
-        runs = [
-            terms[j : t + 1].sum(axis=0) - np.maximum(terms[j : t + 1].max(axis=0), 0.0)
-            for j in range(max(0, t - steps + 1), t + 1)
+        runs = [terms[j : t + 1] for j in range(max(0, t - steps + 1), t + 1)]
+        sums = [
+            run.sum(axis=0) - (np.maximum(run.max(axis=0), 0.0) if leave_out_largest else 0.0)
+            for run in runs
         ]
-        np.testing.assert_allclose(got[t], np.max(runs, axis=0), atol=1e-12)
+        np.testing.assert_allclose(got[t], np.max(sums, axis=0), atol=1e-12)
 
 
 def test_a_one_off_spike_adds_nothing_once_the_largest_step_is_left_out() -> None:
