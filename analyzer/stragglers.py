@@ -288,6 +288,7 @@ def detect(
                 flags[:, col], hits[:, col], cfg.min_hits
             ):
                 extra: list[schema.Evidence] = []
+                spread: shape.Shape | None = None  # the episode's shape, once read
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
                     began = float(a.step_start_s[first])
                     if began_s is not None and col < began_s.size:
@@ -311,7 +312,9 @@ def detect(
                         continue
                     at, evidence = carried
                     extra.append(evidence)
-                out.append(rank_finding(a, scores, kind, col, first, last, at, cfg, extra))
+                out.append(
+                    rank_finding(a, scores, kind, col, first, last, at, cfg, extra, spread=spread)
+                )
     return [f for f in out if _moved_up(f, cfg)]
 
 
@@ -349,9 +352,11 @@ def rank_finding(
     at: int,
     cfg: config_mod.StragglerConfig,
     extra: Sequence[schema.Evidence] = (),
+    *,
+    spread: shape.Shape | None = None,
 ) -> schema.Finding:
     """A finding about one rank's episode over rows first..last (detected at row `at`), with
-    `extra` evidence last."""
+    `extra` evidence last; `spread`: its shape where already read (`_spread` of those rows)."""
     rows = slice(first, last + 1)
     rank = int(a.ranks[col])
     flags = scores.flags(kind)[rows, col]
@@ -373,7 +378,8 @@ def rank_finding(
             note="flagged / steps in range",
         ),
     ]
-    spread = _spread(a, kind, rows, col, starved=starved)
+    if spread is None:
+        spread = _spread(a, kind, rows, col, starved=starved)
     ev.extend(shape.evidence(spread))
     note = ""
     if kind is Kind.STRAGGLER:
