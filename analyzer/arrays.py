@@ -69,6 +69,9 @@ class StepArrays:
     transfers: attribution.GroupTransfer | None = None
     # The training thread's wait for a CPU (StepRecord.cpu_wait_s; 0 unknown); None: not known.
     cpu_wait_s: F32 | None = None
+    # The forward pass's time as the SDK's module hooks measured it (StepRecord.forward_s; 0
+    # where no model was watched); None: not known.
+    forward_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
     _known_compute: F32 | None = field(default=None, repr=False, compare=False)
 
@@ -214,6 +217,7 @@ def _assemble(
                 s.mfu,
                 s.model_flops,
                 s.cpu_wait_s,
+                s.forward_s,
             )
             for s in steps
         ],
@@ -269,6 +273,7 @@ def _assemble(
         tokens=scatter(raw[:, 6]),
         mfu=scatter(mfu),
         cpu_wait_s=scatter(raw[:, 9]),
+        forward_s=scatter(raw[:, 10]),
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,

@@ -87,6 +87,13 @@ class StragglerConfig:
     # real clean jobs (hiccups, ±15 % jitter, a busy process on every core) one rank once had 5
     # such steps at a period (9), never 6, while unordered excursions reached 9 in 48 steps.
     periodic_excursions: int = 6
+    # A rank whose forward pass (the SDK's module hooks) became slower than its own earlier
+    # steps by `min_shift` of the step, less its peers' change, is flagged as a compute
+    # straggler is, with the persistence above (`forward_shift.py`; its earlier level: the
+    # median of its smoothed levels 1, 2 and 3 smoothing windows before). Only where ranks
+    # scored together do different work (a pipeline's stages), whose computes cannot be
+    # compared with each other's. MIN_SHIFT_NOTE
+    min_shift: float = 0.05
     # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
     # ranks is decided by two of their deviations and swings by 2x from step to step (on real
     # 4-rank pipelines it let clean ranks score z > 4 and kept 1.25x stages at z ~3), so the
@@ -128,6 +135,7 @@ class StragglerConfig:
             f"min_hits must be in [1, window={self.window}], got {self.min_hits}",
         )
         _require(self.smooth_steps >= 1, f"smooth_steps must be >= 1, got {self.smooth_steps}")
+        _require(0 < self.min_shift < 10, f"min_shift must be in (0, 10), got {self.min_shift}")
         _require(
             self.evidence_allowance >= 0,
             f"evidence_allowance must be >= 0, got {self.evidence_allowance}",
@@ -247,10 +255,15 @@ class AnalyzerConfig:
     stream_max_jobs: int = 1024
 
     def __post_init__(self) -> None:
-        need = max(self.straggler.window, self.mfu.baseline_steps + self.mfu.recent_steps)
+        s = self.straggler
+        need = max(
+            s.window,
+            self.mfu.baseline_steps + self.mfu.recent_steps,
+            4 * s.smooth_steps + s.window,
+        )
         _require(
             self.stream_window_steps >= need,
-            f"stream_window_steps must be >= {need} (persistence and MFU windows)",
+            f"stream_window_steps must be >= {need} (persistence, forward-shift and MFU windows)",
         )
         _require(self.stream_step_lag >= 0, "stream_step_lag must be >= 0")
         _require(self.stream_job_idle_s > 0, "stream_job_idle_s must be > 0")

@@ -262,8 +262,10 @@ class JobStream:
         # same earlier steps as when scored alone, so this equals scoring them one by one.
         # ... and each scale pooled over the same earlier rows (robust.robust_center_scale).
         cfg = self.cfg.straggler
-        stages = stragglers.stage_groups(self.window.rank_stages())
-        keep = cfg.smooth_steps + stragglers.pooled_rows(self.window.num_ranks, stages, cfg) - 2
+        declared = self.window.rank_stages()
+        stages = stragglers.stage_groups(declared)
+        own = stragglers.compares_own_forward(declared, sends_p2p=self.window.sends_p2p())
+        keep = stragglers.history_rows(self.window.num_ranks, stages, cfg, own_forward=own)
         history = self.analysed[-keep:] if keep > 0 else []
         recent = self.window.view([*history, *ready])
         scores = stragglers.score(recent, cfg, last=len(ready))
@@ -418,7 +420,7 @@ class JobStream:
             if hits is None or not ranks:
                 continue
             cols = [self.window.column(r) for r in ranks]
-            if not hits[cols].any():
+            if not hits[cols].any() and not self._still_shifted(finding, cols):
                 del self.open[key]
                 last = self.analysed[-1] - self.cfg.straggler.window
                 out.append(
@@ -429,6 +431,22 @@ class JobStream:
                     )
                 )
         return out
+
+    def _still_shifted(self, finding: schema.Finding, cols: list[int]) -> bool:
+        """Whether a forward-shift finding's rank is still slow: its forward shift is measured
+        against its own earlier steps, which come to hold the slow ones (`forward_shift.py`)
+        and end its flags while the rank stays slow. It stays open while the rank's forward
+        time (its last `smooth_steps` steps' trimmed mean) keeps at least half its reported
+        excess over its earlier forward time."""
+        head = finding.evidence[0] if finding.evidence else None
+        if head is None or head.metric != "forward_time" or head.baseline is None:
+            return False
+        a = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
+        if a.forward_s is None:
+            return False
+        recent = robust.trimmed_mean_last(a.forward_s[:, cols], self.cfg.straggler.smooth_steps)
+        with np.errstate(invalid="ignore"):
+            return bool(np.all(recent > head.baseline + 0.5 * (head.observed - head.baseline)))
 
     def _mfu(self, step: int, value: float, end_s: float) -> list[schema.Finding]:
         self.mfu_series.append(value)

@@ -171,19 +171,26 @@ def said(evidence: Sequence[schema.Evidence]) -> Kind:
     return Kind.GROWING if TREND_METRIC in metrics else Kind.STEADY
 
 
-def phrase(s: Shape, label: str) -> str:
+# What a shape's ratios were taken against: the peers' median, or (a forward shift,
+# `forward_shift.py`) the rank's own earlier steps.
+PEERS = ("its peers' median", "its peers")
+OWN = ("its own earlier level", "its own earlier level")
+
+
+def phrase(s: Shape, label: str, against: tuple[str, str] = PEERS) -> str:
     """How the finding's summary says the shape, after its headline (an intermittent one's
     replaces the median, which is what its usual steps look like): `label` is the headline's
-    metric (`compute_time`); '' for a steady episode (the median says it)."""
+    metric (`compute_time`), `against` what its ratios were taken against (`PEERS`, `OWN`);
+    '' for a steady episode (the median says it)."""
     if s.kind is Kind.INTERMITTENT:
         every = f"every {ordinal(s.period)} step; " if s.period else ""
         return (
-            f", {label} {s.slow_ratio:.2f}x its peers' median in {s.num_slow} of {s.num_steps} "
+            f", {label} {s.slow_ratio:.2f}x {against[0]} in {s.num_slow} of {s.num_steps} "
             f"steps ({every}{s.other_ratio:.2f}x in the others)"
         )
     if s.kind is Kind.GROWING:
         return (
-            f", its excess over its peers growing from {_percent(s.start_share)} to "
+            f", its excess over {against[1]} growing from {_percent(s.start_share)} to "
             f"{_percent(s.end_share)} of a step"
         )
     return ""
@@ -193,7 +200,7 @@ def _percent(share: float) -> str:
     return f"{100 * share:.0f} %" if abs(share) >= 0.095 else f"{100 * share:.1f} %"
 
 
-def evidence(s: Shape) -> list[schema.Evidence]:
+def evidence(s: Shape, against: tuple[str, str] = PEERS) -> list[schema.Evidence]:
     """The shape's own numbers, as a finding's evidence (none for a steady episode)."""
     if s.kind is Kind.INTERMITTENT:
         every = f" (every {ordinal(s.period)} step)" if s.period else ""
@@ -202,7 +209,7 @@ def evidence(s: Shape) -> list[schema.Evidence]:
                 SLOW_STEPS_METRIC,
                 s.num_slow,
                 s.num_steps,
-                note=f"steps at {SLOW_RATIO}x its peers' median or more / the episode's "
+                note=f"steps at {SLOW_RATIO}x {against[0]} or more / the episode's "
                 f"steps{every}; those at {s.slow_ratio:.2f}x, the others at {s.other_ratio:.2f}x",
             )
         ]
@@ -212,7 +219,7 @@ def evidence(s: Shape) -> list[schema.Evidence]:
                 TREND_METRIC,
                 s.end_share,
                 s.start_share,
-                note="its excess over its peers' median as a share of the step's median step "
+                note=f"its excess over {against[0]} as a share of the step's median step "
                 "time at the episode's last vs first step (Theil-Sen line; Kendall tau "
                 f"{s.tau:.2f})",
             )

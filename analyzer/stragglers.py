@@ -41,7 +41,7 @@ import numpy.typing as npt
 from vigil import schema
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
-from vigil.analyzer import excess, findings, groups, imbalance, robust, shape
+from vigil.analyzer import excess, findings, forward_shift, groups, imbalance, robust, shape
 
 Kind = schema.FindingKind
 
@@ -60,6 +60,10 @@ class Scores:
     # CPU time): a straggler too, whose cause is the host (`StepArrays.cpu_wait_s`).
     cpu: robust.BoolArray
     cpu_z: robust.FloatArray
+    # A rank whose forward pass became slower than its own earlier steps while its peers' did
+    # not (`forward_shift.py`): a compute straggler among ranks doing different work.
+    forward: robust.BoolArray
+    forward_z: robust.FloatArray
 
     def rows(self, start: int, stop: int) -> Scores:
         """The scores of rows [start, stop) (views, not copies)."""
@@ -69,13 +73,13 @@ class Scores:
 
     def flags(self, kind: schema.FindingKind) -> robust.BoolArray:
         if kind is Kind.STRAGGLER:
-            return self.compute | self.cpu
+            return self.compute | self.cpu | self.forward
         return self.data
 
     def z(self, kind: schema.FindingKind) -> robust.FloatArray:
         if kind is Kind.STRAGGLER:
             with np.errstate(invalid="ignore"):
-                return np.fmax(self.compute_z, self.cpu_z)
+                return np.fmax(np.fmax(self.compute_z, self.cpu_z), self.forward_z)
         return self.data_z
 
 
@@ -160,6 +164,16 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         held = ~(wait > center)  # NaN (no wait measured) does not clear a rank
     c_flags &= held
     cpu_flags &= held
+    shifted = None
+    if compares_own_forward(a.stages, sends_p2p=any(op == "p2p" for _, op in a.agg_keys)):
+        shifted = forward_shift.shift(a, _step_reference(a, cfg), cfg)
+    if shifted is None:
+        f_flags, f_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
+    else:
+        # Its strength, for the finding's confidence: the shift in `min_shift`s, at the
+        # outlier threshold where it is one.
+        f_z = (shifted.share[rows] * (cfg.z_threshold / cfg.min_shift)).astype(c_z.dtype)
+        f_flags = shifted.flags[rows] & held
     # A rank slowed by its own data loader is not also a compute straggler.
     scores = Scores(
         compute=c_flags & ~d_flags,
@@ -170,9 +184,17 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         seqlen_explained=explained,
         cpu=cpu_flags & ~d_flags,
         cpu_z=cpu_z,
+        forward=f_flags & ~d_flags,
+        forward_z=f_z,
     )
     scored = c_z.shape[0]  # span, or fewer at a job's start
     return scores.rows(scored - last, scored) if scored > last > 0 else scores
+
+
+def _step_reference(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+    """[steps, 1]: each step's median smoothed step time, over every row of `a`."""
+    smoothed = robust.rolling_trimmed_mean(a.step_time_s, cfg.smooth_steps)
+    return robust.nanmedian(smoothed, 1, keepdims=True)
 
 
 def _corroborated(
@@ -247,6 +269,32 @@ def pooled_rows(
     return robust.pool_rows(smallest, cfg.scale_samples, cfg.window)
 
 
+def compares_own_forward(stages: npt.NDArray[np.int32] | None, *, sends_p2p: bool) -> bool:
+    """Whether ranks scored together do different work, so that each rank's forward pass is
+    compared with its own earlier steps (`forward_shift.py`): a pipeline's stages, declared
+    (`Job.layout`) with fewer than 3 ranks a stage, or undeclared where ranks send each other
+    point-to-point ops. Ranks of one stage, data-parallel or tensor-parallel peers do the same
+    work, and their computes are compared with each other's."""
+    if stage_groups(stages) is not None:
+        return False
+    return stages is not None or sends_p2p
+
+
+def history_rows(
+    num_ranks: int,
+    stages: npt.NDArray[np.int32] | None,
+    cfg: config_mod.StragglerConfig,
+    *,
+    own_forward: bool = False,
+) -> int:
+    """Rows before a step that scoring it reads (smoothing, pooled scales and, where ranks'
+    forward passes are compared with their own, `own_forward`, forward shifts): a streaming
+    analyzer that scores steps with this many earlier ones scores them as `vigil analyze`
+    does."""
+    pooled = cfg.smooth_steps + pooled_rows(num_ranks, stages, cfg) - 2
+    return max(pooled, forward_shift.history_rows(cfg)) if own_forward else pooled
+
+
 def stage_groups(stages: npt.NDArray[np.int32] | None) -> npt.NDArray[np.int32] | None:
     """Pipeline stages to score within, when each has enough ranks for a robust median (3);
     stages of one or two ranks are scored together (their compute is meant to be balanced)."""
@@ -289,6 +337,7 @@ def detect(
             ):
                 extra: list[schema.Evidence] = []
                 spread: shape.Shape | None = None  # the episode's shape, once read
+                own: float | None = None  # a forward shift's own earlier forward time
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
                     began = float(a.step_start_s[first])
                     if began_s is not None and col < began_s.size:
@@ -297,6 +346,13 @@ def detect(
                     if lasted is None:
                         continue
                     at = lasted
+                elif kind is Kind.STRAGGLER and _shifted(scores, slice(first, last + 1), col):
+                    # Its claim is its own change, against its peers' (forward_shift.py): its
+                    # peers' compute, doing other work, is no yardstick for its evidence.
+                    own = _earlier_forward(a, first, col, cfg)
+                    if own is None:
+                        continue
+                    spread = _forward_spread(a, slice(first, last + 1), col, own)
                 elif kind is Kind.STRAGGLER:
                     if x is None:
                         x = excess.scores(a, stage_groups(a.stages), cfg)
@@ -313,7 +369,9 @@ def detect(
                     at, evidence = carried
                     extra.append(evidence)
                 out.append(
-                    rank_finding(a, scores, kind, col, first, last, at, cfg, extra, spread=spread)
+                    rank_finding(
+                        a, scores, kind, col, first, last, at, cfg, extra, spread=spread, own=own
+                    )
                 )
     return [f for f in out if _moved_up(f, cfg)]
 
@@ -354,23 +412,35 @@ def rank_finding(
     extra: Sequence[schema.Evidence] = (),
     *,
     spread: shape.Shape | None = None,
+    own: float | None = None,
 ) -> schema.Finding:
     """A finding about one rank's episode over rows first..last (detected at row `at`), with
-    `extra` evidence last; `spread`: its shape where already read (`_spread` of those rows)."""
+    `extra` evidence last; `spread`: its shape where already read (`_spread` of those rows);
+    `own`: for a forward shift, the rank's own earlier forward time (`_earlier_forward`)."""
     rows = slice(first, last + 1)
     rank = int(a.ranks[col])
     flags = scores.flags(kind)[rows, col]
     z = float(np.nanmedian(scores.z(kind)[rows, col][flags])) if flags.any() else 0.0
     # A straggler flagged more for its wait for a CPU than for its compute: the host's cause.
-    starved = kind is Kind.STRAGGLER and _starved(a, scores, rows, col)
+    starved = kind is Kind.STRAGGLER and own is None and _starved(a, scores, rows, col)
     values, label = _signal(a, kind, starved=starved)
+    if own is not None and a.forward_s is not None:
+        values, label = a.forward_s, "forward_time"
     observed = float(np.nanmedian(values[rows, col]))
     with np.errstate(all="ignore"):
         baseline = float(np.nanmedian(np.nanmedian(values[rows], axis=1)))
+    note = f"median over steps; robust z {z:.1f}"
+    if own is not None:
+        baseline = own
+        shifted = scores.forward[rows, col]
+        strength = scores.forward_z[rows, col][shifted] if shifted.any() else np.zeros(1)
+        shift = float(np.nanmedian(strength)) * cfg.min_shift / cfg.z_threshold
+        note = (
+            "median over steps, against its own earlier steps; its shift (less its peers') "
+            f"{shift:.0%} of the step"
+        )
     ev = [
-        findings.evidence(
-            label, observed, baseline, unit="s", note=f"median over steps; robust z {z:.1f}"
-        ),
+        findings.evidence(label, observed, baseline, unit="s", note=note),
         findings.evidence(
             "outlier_steps",
             int(flags.sum()),
@@ -380,7 +450,10 @@ def rank_finding(
     ]
     if spread is None:
         spread = _spread(a, kind, rows, col, starved=starved)
-    ev.extend(shape.evidence(spread))
+    against = shape.PEERS if own is None else shape.OWN
+    ev.extend(shape.evidence(spread, against))
+    if own is not None:
+        ev.append(_peers_shift(a, rows, col, first, cfg))
     note = ""
     if kind is Kind.STRAGGLER:
         ev.extend(_arrival_evidence(a, rows, col))
@@ -392,11 +465,13 @@ def rank_finding(
     if starved:
         what = "straggler waiting for a CPU (another process on its host takes its CPU time)"
     headline = f", {label} {ratio:.2f}x the median"
+    if own is not None:
+        headline = f", {label} {ratio:.2f}x its own earlier steps while its peers' did not grow"
     if spread.kind is shape.Kind.INTERMITTENT:  # the median is what its usual steps look like
         what, headline = f"intermittent {what}", ""
     summary = (
         f"rank {rank}{f' on {node}' if node else ''}: {what}{headline}"
-        f"{shape.phrase(spread, label)}{note}"
+        f"{shape.phrase(spread, label, against)}{note}"
         + (_held_up(a, col) if kind is Kind.STRAGGLER else "")
     )
     return findings.make_finding(
@@ -433,6 +508,56 @@ def _spread(
     with np.errstate(all="ignore"):  # its value over its scoring group's others' median
         step = robust.nanmedian(a.step_time_s[rows], 1)
         return shape.of(values[rows, col] / peers, (values[rows, col] - peers) / step)
+
+
+def _shifted(scores: Scores, rows: slice, col: int) -> bool:
+    """Whether the episode was flagged more for a forward shift than for compute or a CPU."""
+    shifts = int(scores.forward[rows, col].sum())
+    return shifts > int(scores.compute[rows, col].sum()) and shifts > int(
+        scores.cpu[rows, col].sum()
+    )
+
+
+def _earlier_forward(
+    a: arrays_mod.StepArrays, first: int, col: int, cfg: config_mod.StragglerConfig
+) -> float | None:
+    """Column `col`'s forward time before its episode: the median of the 3 smoothing windows
+    of steps before the one of its first flagged row (what its shift was measured against);
+    None where none of them is known."""
+    if a.forward_s is None:
+        return None
+    end = max(first - cfg.smooth_steps + 1, 0)
+    before = a.forward_s[max(end - 3 * cfg.smooth_steps, 0) : end, col]
+    before = before[np.isfinite(before) & (before > 0)]
+    return float(np.median(before)) if before.size else None
+
+
+def _forward_spread(a: arrays_mod.StepArrays, rows: slice, col: int, own: float) -> shape.Shape:
+    """A forward shift's shape: its forward time over its own earlier one (`shape.of`)."""
+    assert a.forward_s is not None
+    forward = a.forward_s[rows, col].astype(np.float64)
+    with np.errstate(all="ignore"):
+        step = robust.nanmedian(a.step_time_s[rows], 1)
+        return shape.of(forward / own, (forward - own) / step)
+
+
+def _peers_shift(
+    a: arrays_mod.StepArrays, rows: slice, col: int, first: int, cfg: config_mod.StragglerConfig
+) -> schema.Evidence:
+    """The other ranks' forward time over the episode against theirs before it: the median of
+    their ratios (a job-wide slowdown moves them alike)."""
+    ratios = [
+        float(np.nanmedian(a.forward_s[rows, c])) / before  # type: ignore[index]
+        for c in range(a.num_ranks)
+        if c != col and (before := _earlier_forward(a, first, c, cfg))
+    ]
+    finite = [r for r in ratios if np.isfinite(r)]
+    return findings.evidence(
+        "peers_forward_ratio",
+        float(np.median(finite)) if finite else float("nan"),
+        1.0,
+        note="the other ranks' forward time against their own earlier steps (median)",
+    )
 
 
 def _held_up(a: arrays_mod.StepArrays, col: int) -> str:

@@ -31,6 +31,7 @@ _PICK = [
         "mfu",
         "model_flops",
         "cpu_wait_s",
+        "forward_s",
     )
 ]
 _FIELDS = (
@@ -45,6 +46,7 @@ _FIELDS = (
     "wait_s",
     "hidden_wait_s",
     "cpu_wait_s",
+    "forward_s",
 )
 # Filled from collective aggregates by attribution, per row, when a row is viewed.
 _ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
@@ -81,6 +83,7 @@ class StepWindow:
         self._transfers: dict[int, tuple[int, attribution.GroupTransfer]] = {}
         self._keys: dict[tuple[str, str], int] = {}
         self.names = aggcols.Names(self._keys)  # group and (group, op class) ids
+        self._p2p_seen = (0, False)  # (keys looked at, whether one was a p2p op's)
         # Ranks the job declared (its world size): waited for before a step is analysed, but
         # given columns only when they report, so memory follows the ranks that report.
         self.declared = num_ranks
@@ -238,6 +241,7 @@ class StepWindow:
         d["tokens"][row, col] = values[:, 6]
         d["mfu"][row, col] = mfu
         d["cpu_wait_s"][row, col] = values[:, 9]
+        d["forward_s"][row, col] = values[:, 10]
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
@@ -339,6 +343,17 @@ class StepWindow:
             return self.stages[ids]
         return None
 
+    def key_names(self) -> tuple[tuple[str, str], ...]:
+        """The (group, op class) each aggregate key stands for, by key."""
+        return tuple(sorted(self._keys, key=self._keys.__getitem__))
+
+    def sends_p2p(self) -> bool:
+        """Whether some rank's aggregates hold point-to-point ops (keys only grow: looked at
+        again only when new ones came)."""
+        if self._p2p_seen[0] != len(self._keys):
+            self._p2p_seen = (len(self._keys), any(op == "p2p" for _, op in self._keys))
+        return self._p2p_seen[1]
+
     def view(
         self, steps: Sequence[int], *, with_aggs: bool = False, with_transfers: bool = False
     ) -> arrays_mod.StepArrays:
@@ -384,10 +399,11 @@ class StepWindow:
                 if with_transfers
                 else None
             ),
-            agg_keys=tuple(sorted(self._keys, key=self._keys.__getitem__)),
+            agg_keys=self.key_names(),
             tokens=d["tokens"],
             mfu=d["mfu"],
             cpu_wait_s=d["cpu_wait_s"],
+            forward_s=d["forward_s"],
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),

@@ -37,7 +37,10 @@ DATA = recorded.DATA / "jsonl_pipeline"
 PER_STEP = config.AnalyzerConfig(
     straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0, evidence_threshold=0.0)
 )
-COMPUTE_ALONE = config.AnalyzerConfig(straggler=config.StragglerConfig(corroborated_z=4.0))
+# ... and without its forward pass compared with its own earlier steps (forward_shift.py).
+COMPUTE_ALONE = config.AnalyzerConfig(
+    straggler=config.StragglerConfig(corroborated_z=4.0, min_shift=9.0)
+)
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])

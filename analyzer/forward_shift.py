@@ -1,0 +1,126 @@
+"""A rank whose forward pass became slower than its own earlier steps while its peers' did not.
+
+`stragglers.py` compares each rank's compute with its peers' at the same step, which needs
+peers doing the same work. A pipeline's stages do not: each holds other layers, the first the
+embeddings, the last the loss, so their computes differ among themselves by about as much as a
+stage slowed by a tenth of the step adds (real 4-stage 1F1B jobs of the fault matrix, 4 ranks
+on 2 cores: such a stage was missed in most runs), and a stage's compute (its step less its
+attributed waits) also holds what its point-to-point waits leave unattributed. Its forward
+pass, timed by the SDK's module hooks (`StepRecord.forward_s`), holds neither. So where ranks
+scored together do different work (`stragglers.compares_own_forward`) each rank's forward time
+is compared with its own:
+
+- its change: its current level (the mean of its last `smooth_steps` steps, the largest left
+  out) less its earlier level, the median of that same level 1, 2 and 3 smoothing windows
+  before (`levels`; a shift that began within the last 2 windows moves one of the three);
+- less as much of that growth as its communication wait grew by (a forward pass that holds a
+  pipeline's receive or FSDP's all-gathers grows when its rank waits longer for a peer);
+- less the median change of the other ranks (an evaluation or a busy host moves them all).
+
+That shift is flagged where it is at least `min_shift` of the step's median step time;
+persistence, the wait check (a straggler waits least) and the finding are `stragglers.py`'s.
+No z-score: the robust scale of 4 ranks' shifts is decided by two of them, and one stage whose
+forward pass was slow in its first steps (start-up) and then not reads a large negative shift
+for 3 smoothing windows, which hid a real stage's 1.1x shift at z < 3 in one matrix run.
+
+Where the ranks' tokens vary from step to step the forward
+time per token is compared instead (a longer sequence takes longer). A forward time of 0 (no
+model watched) is unknown. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vigil.analyzer import arrays as arrays_mod
+from vigil.analyzer import config as config_mod
+from vigil.analyzer import robust
+
+
+@dataclass(kw_only=True)
+class Shift:
+    """Per [step, rank]: flags, and the shift as a share of the step's median step time."""
+
+    flags: robust.BoolArray
+    share: robust.FloatArray
+
+
+def history_rows(cfg: config_mod.StragglerConfig) -> int:
+    """Rows before a step that its shift reads."""
+    return 4 * cfg.smooth_steps - 1
+
+
+def signal(a: arrays_mod.StepArrays) -> tuple[robust.FloatArray, bool] | None:
+    """The forward time compared, and whether it is per token (where tokens vary); None
+    where none is known."""
+    forward = a.forward_s
+    if forward is None or not bool((forward > 0).any()):
+        return None
+    x = np.where(forward > 0, forward, np.float32(np.nan))
+    finite = a.tokens[np.isfinite(a.tokens) & (a.tokens > 0)]
+    per_token = bool(finite.size) and float(finite.max()) > float(finite.min())
+    if per_token:
+        with np.errstate(all="ignore"):
+            x = x / np.where(a.tokens > 0, a.tokens, np.nan)
+    return x.astype(np.float32), per_token
+
+
+def levels(
+    x: robust.FloatArray, cfg: config_mod.StragglerConfig, current: robust.FloatArray | None = None
+) -> robust.FloatArray:
+    """[steps, ranks]: each rank's earlier level, before its last `smooth_steps` steps: the
+    median of its levels (`current`: the trimmed mean of `smooth_steps` steps) `smooth_steps`,
+    2x and 3x `smooth_steps` steps before (at a job's start, of those it has; NaN with none).
+    A median of three: a shift that began within the last `2 x smooth_steps` steps moves
+    one of them only."""
+    if current is None:
+        current = robust.rolling_trimmed_mean(x, cfg.smooth_steps)
+    lag = cfg.smooth_steps
+    earlier = [np.full(x.shape, np.nan, dtype=np.float32) for _ in range(3)]
+    for k, out in enumerate(earlier, start=1):
+        if x.shape[0] > k * lag:
+            out[k * lag :] = current[: -k * lag]
+    newest, middle, oldest = earlier
+    low, high = np.fmin(newest, middle), np.fmax(newest, middle)
+    # NaN-aware: of two known levels the higher (a smaller shift), of one that one.
+    return np.fmax(low, np.fmin(high, oldest))
+
+
+def shift(
+    a: arrays_mod.StepArrays, step_time: robust.FloatArray, cfg: config_mod.StragglerConfig
+) -> Shift | None:
+    """Every rank's forward shift over the rows of `a` (`step_time`: each row's median smoothed
+    step time, [steps, 1]); None where no forward time is known or fewer than 2 ranks."""
+    compared = signal(a)
+    if compared is None or a.num_ranks < 2:
+        return None
+    x, per_token = compared
+    wait = a.comm_wait_s
+    if a.cpu_wait_s is not None:  # ... and a thread that waits for a CPU in its forward pass
+        wait = wait + np.nan_to_num(a.cpu_wait_s)
+    if per_token:
+        with np.errstate(all="ignore"):
+            wait = (wait / np.where(a.tokens > 0, a.tokens, np.nan)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        # A forward pass that waits (a pipeline's receive, FSDP's all-gathers) grows when its
+        # rank waits longer for a peer, or for a CPU another process holds: as much of its
+        # growth as its waits' is not its own (they may have grown elsewhere: only up to the
+        # forward's own growth).
+        grown = _change(x, cfg)
+        waited = np.nan_to_num(np.fmax(_change(wait, cfg), 0.0))
+        change = grown - np.minimum(waited, np.fmax(grown, 0.0))
+        net = change - robust.others_median(change)
+        if per_token:  # back to seconds, at the step's median tokens
+            net = net * robust.nanmedian(a.tokens, 1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        share = net / step_time
+        return Shift(flags=share >= cfg.min_shift, share=share)
+
+
+def _change(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:
+    """[steps, ranks]: each rank's current level (trimmed mean of its last `smooth_steps`)
+    less its earlier one (`levels`)."""
+    current = robust.rolling_trimmed_mean(x, cfg.smooth_steps)
+    return (current - levels(x, cfg, current)).astype(np.float64)
