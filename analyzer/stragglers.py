@@ -511,9 +511,10 @@ def _spread(
 
 
 def _shifted(scores: Scores, rows: slice, col: int) -> bool:
-    """Whether the episode was flagged more for a forward shift than for compute or a CPU."""
+    """Whether the episode was flagged more for a forward shift than for compute, and at
+    least as much as for a wait for a CPU (its shift leaves that wait's growth out)."""
     shifts = int(scores.forward[rows, col].sum())
-    return shifts > int(scores.compute[rows, col].sum()) and shifts > int(
+    return shifts > int(scores.compute[rows, col].sum()) and shifts >= int(
         scores.cpu[rows, col].sum()
     )
 
@@ -580,7 +581,10 @@ def _reports_cpu_wait(cpu_wait: robust.FloatArray) -> bool:
 
 
 def _starved(a: arrays_mod.StepArrays, scores: Scores, rows: slice, col: int) -> bool:
-    return int(scores.cpu[rows, col].sum()) > int(scores.compute[rows, col].sum())
+    """Whether the episode was flagged more for a wait for a CPU than for its compute or its
+    forward pass's shift."""
+    cpu = int(scores.cpu[rows, col].sum())
+    return cpu > int(scores.compute[rows, col].sum()) and cpu > int(scores.forward[rows, col].sum())
 
 
 def _signal(

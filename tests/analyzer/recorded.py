@@ -21,19 +21,22 @@ def records_of(path: Path) -> list[schema.Record]:
     return [codec.decode_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def streamed(found_in: list[schema.Record], cfg: config.AnalyzerConfig) -> list[schema.Finding]:
+def streamed(
+    found_in: list[schema.Record], cfg: config.AnalyzerConfig, *, last_state: bool = False
+) -> list[schema.Finding]:
     """Fed as the collector feeds them: every rank's records of one step in one batch; each
-    finding ever open, in the last version sent open (the collector upserts re-sent ones)."""
+    finding ever open, in the last version sent open (the collector upserts re-sent ones),
+    or with `last_state` in the last version sent (resolved where it was resolved)."""
     by_step: dict[int, list[schema.Record]] = defaultdict(list)
     for r in found_in:
         by_step[getattr(r, "step", -1)].append(r)
     analyzer = streaming.StreamingAnalyzer(cfg)
-    opened: dict[str, schema.Finding] = {}  # each finding ever open, as last re-sent open
+    sent: dict[str, schema.Finding] = {}
     for step in sorted(by_step):
         for f in analyzer.observe(by_step[step]):
-            if f.state == schema.FindingState.OPEN:
-                opened[f.finding_id] = f
-    return list(opened.values())
+            if last_state or f.state == schema.FindingState.OPEN:
+                sent[f.finding_id] = f
+    return list(sent.values())
 
 
 def analyse(

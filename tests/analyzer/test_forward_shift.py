@@ -8,6 +8,10 @@ shared cores), from `bench/faults.py`:
   step (the job 1.1x slower). The four stages compute ~6 ms each of a ~27 ms step and differ
   among themselves by about as much: compared with its peers the slow stage was never
   reported (nor in earlier matrix runs). Its forward time went from ~3 ms to ~6 ms.
+- pp-slow1.1-forward-loaded/: the same case in a matrix run beside two busy processes left
+  over on the host: rank 2's forward went from ~3.4 ms to ~13 ms. Its episode was flagged
+  in 14 steps for that shift and in 3 for a wait for a CPU, and was once taken for a wait for
+  a CPU (more of those flags than of compute's), which had not lasted 3 s: not reported.
 - pp-clean-cpu_hog-1/: no fault; a busy process on every core.
 - pp-cpu-starved/: steps 980-1060 of a 2,000-step run of that clean job (`bench/faults.py
   --long`). From step ~1034 the scheduler kept rank 0's thread off a CPU in the middle of its
@@ -22,7 +26,7 @@ import pytest
 
 from tests.analyzer import recorded
 from vigil import schema
-from vigil.analyzer import arrays, config, forward_shift, jobstream, stragglers, streaming
+from vigil.analyzer import arrays, config, forward_shift, jobstream, stragglers
 
 DATA = recorded.DATA / "jsonl_forward_shift"
 ONSET = 8
@@ -30,15 +34,18 @@ OFF = config.AnalyzerConfig(straggler=config.StragglerConfig(min_shift=9.0))
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
-def test_a_stage_slowed_by_a_tenth_of_a_step_in_its_forward_pass_is_named(mode: str) -> None:
-    records = recorded.records(DATA / "pp-slow1.1-forward")
+@pytest.mark.parametrize("job", ["pp-slow1.1-forward", "pp-slow1.1-forward-loaded"])
+def test_a_stage_slowed_by_a_tenth_of_a_step_in_its_forward_pass_is_named(
+    job: str, mode: str
+) -> None:
+    records = recorded.records(DATA / job)
     (found,) = recorded.analyse(mode, records)
     assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [2])
     assert "forward_time" in found.summary and "its own earlier steps" in found.summary
     head = found.evidence[0]
     assert head.metric == "forward_time" and head.observed > 1.5 * head.baseline
     peers = next(e for e in found.evidence if e.metric == "peers_forward_ratio")
-    assert 0.8 < peers.observed < 1.2  # the other stages' forward passes did not move
+    assert peers.observed < 1.2  # the other stages' forward passes did not grow
     a = arrays.from_records(records)
     row = int(np.searchsorted(a.step_end_s, found.detected_s))
     assert int(a.steps[row]) - ONSET <= 20, found.detected_s
@@ -208,21 +215,6 @@ def test_a_bad_min_shift_is_refused(value: float) -> None:
         config.StragglerConfig(min_shift=value)
 
 
-def _streamed_states(
-    records: list[schema.Record], cfg: config.AnalyzerConfig
-) -> list[schema.Finding]:
-    """Every finding in the last state the streaming analyzer sent, each step fed at once."""
-    analyzer = streaming.StreamingAnalyzer(cfg)
-    last: dict[str, schema.Finding] = {}
-    by_step: dict[int, list[schema.Record]] = {}
-    for r in records:
-        by_step.setdefault(getattr(r, "step", -1), []).append(r)
-    for step in sorted(by_step):
-        for f in analyzer.observe(by_step[step]):
-            last[f.finding_id] = f
-    return list(last.values())
-
-
 def test_online_the_finding_stays_open_while_the_stage_stays_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -234,9 +226,9 @@ def test_online_the_finding_stays_open_while_the_stage_stays_slow(
     a = arrays.from_records(records)
     flagged = np.flatnonzero(stragglers.score(a, short.straggler).forward[:, 2])
     assert flagged[-1] < a.num_steps - short.straggler.window  # its hits ran out
-    (found,) = _streamed_states(records, short)
+    (found,) = recorded.streamed(records, short, last_state=True)
     assert found.subjects.ranks == [2] and found.state is schema.FindingState.OPEN
     # Closed as the hits ran out, it would have been resolved while the stage was slow.
     monkeypatch.setattr(jobstream.JobStream, "_still_shifted", lambda *_: False)
-    (found,) = _streamed_states(records, short)
+    (found,) = recorded.streamed(records, short, last_state=True)
     assert found.state is schema.FindingState.RESOLVED
