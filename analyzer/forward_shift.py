@@ -13,8 +13,9 @@ is compared with its own:
 - its change: its current level (the mean of its last `smooth_steps` steps, the largest left
   out) less its earlier level, the median of that same level 1, 2 and 3 smoothing windows
   before (`levels`; a shift that began within the last 2 windows moves one of the three);
-- less as much of that growth as its communication wait grew by (a forward pass that holds a
-  pipeline's receive or FSDP's all-gathers grows when its rank waits longer for a peer);
+- less as much of that growth as its waits grew by (a forward pass that holds a pipeline's
+  receive or FSDP's all-gathers grows when its rank waits longer for a peer, and one the
+  scheduler interrupts by its wait for a CPU, `StepRecord.cpu_wait_s`);
 - less the median change of the other ranks (an evaluation or a busy host moves them all).
 
 That shift is flagged where it is at least `min_shift` of the step's median step time;
@@ -23,9 +24,9 @@ No z-score: the robust scale of 4 ranks' shifts is decided by two of them, and o
 forward pass was slow in its first steps (start-up) and then not reads a large negative shift
 for 3 smoothing windows, which hid a real stage's 1.1x shift at z < 3 in one matrix run.
 
-Where the ranks' tokens vary from step to step the forward
-time per token is compared instead (a longer sequence takes longer). A forward time of 0 (no
-model watched) is unknown. Pure numpy.
+Where the ranks' tokens vary from step to step the forward time per token is compared instead
+(a longer sequence takes longer). A forward time of 0 (no model watched) is unknown. Pure
+numpy.
 """
 
 from __future__ import annotations

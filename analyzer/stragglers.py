@@ -166,7 +166,8 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     cpu_flags &= held
     shifted = None
     if compares_own_forward(a.stages, sends_p2p=any(op == "p2p" for _, op in a.agg_keys)):
-        shifted = forward_shift.shift(a, _step_reference(a, cfg), cfg)
+        reference = _step_reference(a, cfg) if last else step_time  # every row's, once
+        shifted = forward_shift.shift(a, reference, cfg)
     if shifted is None:
         f_flags, f_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
     else:
@@ -424,14 +425,11 @@ def rank_finding(
     # A straggler flagged more for its wait for a CPU than for its compute: the host's cause.
     starved = kind is Kind.STRAGGLER and own is None and _starved(a, scores, rows, col)
     values, label = _signal(a, kind, starved=starved)
-    if own is not None and a.forward_s is not None:
-        values, label = a.forward_s, "forward_time"
-    observed = float(np.nanmedian(values[rows, col]))
     with np.errstate(all="ignore"):
         baseline = float(np.nanmedian(np.nanmedian(values[rows], axis=1)))
     note = f"median over steps; robust z {z:.1f}"
-    if own is not None:
-        baseline = own
+    if own is not None and a.forward_s is not None:
+        values, label, baseline = a.forward_s, "forward_time", own
         shifted = scores.forward[rows, col]
         strength = scores.forward_z[rows, col][shifted] if shifted.any() else np.zeros(1)
         shift = float(np.nanmedian(strength)) * cfg.min_shift / cfg.z_threshold
@@ -439,6 +437,7 @@ def rank_finding(
             "median over steps, against its own earlier steps; its shift (less its peers') "
             f"{shift:.0%} of the step"
         )
+    observed = float(np.nanmedian(values[rows, col]))
     ev = [
         findings.evidence(label, observed, baseline, unit="s", note=note),
         findings.evidence(
