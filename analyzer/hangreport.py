@@ -125,7 +125,8 @@ def _named(stall: Stall, culprits: Culprits, late: Sequence[int]) -> str:
             summary += f"; rank(s) {_ranks(those)} {note}"
     if late:
         summary += (
-            f"; rank(s) {_ranks(late)} sent no heartbeat since progress stopped (their "
+            f"; rank(s) {_ranks(late)} sent no heartbeat since progress stopped, or since a peer "
+            "entered that collective (their "
             "positions may be stale)"
         )
     return summary

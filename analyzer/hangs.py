@@ -9,8 +9,11 @@ who waits for whom never entered the collective the others wait in); a stall nob
 for is reported only after `unknown_culprit_factor` thresholds. A culprit whose newest heartbeat
 predates the stall (its flusher delayed by a loaded CPU, its shipper retrying after a collector
 restart) is late to report, not behind: the finding waits for its next heartbeat (a few seconds
-at most, then names it with lower confidence). A heartbeat that arrives after a newer one of its
-rank does not move it back. Pure: the caller supplies `now_s`.
+at most, then names it with lower confidence). So is one whose newest heartbeat predates a
+peer's arrival in the collective it is blamed for (`positions.Arrivals`): as a long pause that
+named no one ends (a save only rank 0 makes), the first rank to enter the next collective is
+seen there before its peers' next heartbeats show them entering too. A heartbeat that arrives
+after a newer one of its rank does not move it back. Pure: the caller supplies `now_s`.
 
 It also tells a crash from a hang by the ranks' signs of life: a hung rank keeps sending
 heartbeats, a dead one does not (`crashes`, which holds the rule).
@@ -68,6 +71,7 @@ class HangTracker:
         # Group ids shared with the caller's aggregate and heartbeat arrays (aggcols).
         self.names = names if names is not None else aggcols.Names({})
         self._positions = positions.Positions(self.names)
+        self._arrivals = positions.Arrivals(_KNOWN_MAX)  # when each rank got where it is
         # rank -> (group id, seq, op) of the collective it says it waits in, oldest first.
         self._waits: dict[int, tuple[int, int, str]] = {}
         self._finished: set[int] = set()
@@ -130,6 +134,7 @@ class HangTracker:
         self._last_progress_s = max(self._last_progress_s, now_s)
         self._grace_s = 0.0
         self._positions.clear()
+        self._arrivals.clear()
         self._waits.clear()
         self._finished.clear()
         self._checkpointing.clear()
@@ -221,6 +226,10 @@ class HangTracker:
         if hb.time_s < newest:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self._entered[hb.rank] = hb
+        gid = self.names.group_id(hb.last_group) if hb.last_group else -1
+        self._arrivals.observe(
+            np.array([hb.rank]), np.array([gid]), np.array([hb.last_seq]), np.array([hb.time_s])
+        )
         self.observe_position(
             hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state,
             between_steps=hb.between_steps, compiling=hb.compiling,
@@ -276,6 +285,7 @@ class HangTracker:
         if not now.all():
             b = b.take(now)
             ranks = b.rank.tolist()
+        self._arrivals.observe(b.rank, b.group, b.seq, b.time_s)
         records = b.records
         self._entered.update(zip(ranks, map(records.__getitem__, b.at.tolist()), strict=True))
         self._positions_now(b, ranks)
@@ -397,8 +407,13 @@ class HangTracker:
         )
         if culprits is None and silent <= threshold * self.cfg.unknown_culprit_factor:
             return None  # nobody to name yet: positions may still show who, or steps resume
-        late = self._unreported(culprits, since + threshold / 2)
-        if late and not final and silent <= threshold + _LATE_REPORT_S:
+        # A culprit is behind on a heartbeat sent after the stall began and after a peer was
+        # seen in (or past) the collective it is blamed for: one sent before says where it was
+        # when its peers were there too (as a long pause ends, the first rank to enter the
+        # next collective is seen there a moment before the others' next heartbeats).
+        there = self._peers_there_s(culprits)
+        late = self._unreported(culprits, max(since + threshold / 2, there))
+        if late and not final and now_s <= max(since + threshold, there) + _LATE_REPORT_S:
             return None  # their newest positions predate the stall: wait for them to report
         self._open = self._hang_finding(now_s, silent, threshold, culprits, late)
         return self._open
@@ -426,10 +441,22 @@ class HangTracker:
             early.update(r for r in finished if members.get(r, going) < going)
         return sorted(early)
 
+    def _peers_there_s(self, culprits: Culprits | None) -> float:
+        """When a peer of the culprits (not one of them) was first seen in or past the
+        collective they are blamed for, where it still is (0.0: unknown)."""
+        if culprits is None:
+            return 0.0
+        members = self._positions.seqs().get(culprits.group, {})
+        named = set(culprits.ranks)
+        there = [r for r, seq in members.items() if seq >= culprits.seq and r not in named]
+        seen = self._arrivals.first_seen(there)
+        return 0.0 if seen is None else seen
+
     def _unreported(self, culprits: Culprits | None, since: float) -> list[int]:
         """The culprits whose newest heartbeat was sent before `since` (half the threshold, at
-        least one median step, past the silence's start), too early to show where they stopped:
-        a healthy rank may still be on its way to the collective its peers wait in. Under load a
+        least one median step, past the silence's start, and no sooner than a peer was seen in
+        the collective they are blamed for), too early to show where they stopped: a healthy
+        rank may still be on its way to the collective its peers wait in. Under load a
         rank's flusher thread, or its shipper after a collector restart, reports late; its
         stale position (not waiting, behind) must not make it a culprit. Empty when no rank
         sent heartbeats (positions from aggregates alone)."""

@@ -142,3 +142,57 @@ class Positions:
                 view.setdefault(names[code >> _SHIFT], {})[code & _MASK] = seq
             self._view = view
         return self._view
+
+
+class Arrivals:
+    """When each rank was first seen, by its heartbeats, where it is now (its last group and
+    sequence number): the hang tracker names a rank behind a peer only on a heartbeat the rank
+    sent after the peer was seen there (see `HangTracker._unreported`). Ranks up to `max_rank`
+    are tracked in arrays (tens of thousands of heartbeats a second at scale); others are not
+    tracked (`first_seen` ignores them). Pure; no I/O."""
+
+    def __init__(self, max_rank: int = 1 << 24) -> None:
+        self._max_rank = max_rank
+        self.clear()
+
+    def clear(self) -> None:
+        self._group = np.zeros(0, dtype=np.int64)
+        self._seq = np.zeros(0, dtype=np.int64)
+        self._since = np.zeros(0, dtype=np.float64)
+
+    def _grow(self, top: int) -> None:
+        size = min(max(top + 1, 2 * self._since.size), self._max_rank)
+        grown = size - self._since.size
+        if grown > 0:
+            self._group = np.concatenate([self._group, np.full(grown, -2, dtype=np.int64)])
+            self._seq = np.concatenate([self._seq, np.full(grown, -1, dtype=np.int64)])
+            self._since = np.concatenate([self._since, np.full(grown, np.nan)])
+
+    def observe(self, rank: I64, group: I64, seq: I64, time_s: npt.NDArray[np.float64]) -> None:
+        """Heartbeats of distinct ranks `rank` (group id, -1 for none; seq; sent at `time_s`),
+        each the newest of its rank."""
+        if not rank.size:
+            return
+        tracked = rank < self._max_rank
+        if not tracked.all():
+            rank, group, seq, time_s = rank[tracked], group[tracked], seq[tracked], time_s[tracked]
+            if not rank.size:
+                return
+        top = int(rank.max())
+        if top >= self._since.size:
+            self._grow(top)
+        moved = (self._group[rank] != group) | (self._seq[rank] != seq)
+        if moved.any():
+            at = rank[moved]
+            self._group[at] = group[moved]
+            self._seq[at] = seq[moved]
+            self._since[at] = time_s[moved]
+
+    def first_seen(self, ranks: list[int]) -> float | None:
+        """The earliest time one of `ranks` was seen where it is now (None: none was)."""
+        known = [r for r in ranks if 0 <= r < self._since.size]
+        if not known:
+            return None
+        seen = self._since[known]
+        seen = seen[~np.isnan(seen)]
+        return float(seen.min()) if seen.size else None

@@ -39,6 +39,28 @@ def streamed(
     return list(sent.values())
 
 
+def streamed_in_time(
+    found_in: list[schema.Record], cfg: config.AnalyzerConfig
+) -> list[schema.Finding]:
+    """Fed one record at a time in the order the ranks sent them (a heartbeat at its time, a
+    step's records when the step ended), the analyzer ticked after each: a collector whose
+    ranks' shipments arrive one by one. Each finding ever sent, in the last version sent."""
+    ends = {(r.rank, r.step): r.end_s for r in found_in if isinstance(r, schema.StepRecord)}
+
+    def sent_s(r: schema.Record) -> float:
+        if isinstance(r, schema.Heartbeat):
+            return r.time_s
+        return ends.get((getattr(r, "rank", -1), getattr(r, "step", -1)), 0.0)
+
+    analyzer = streaming.StreamingAnalyzer(cfg)
+    sent: dict[str, schema.Finding] = {}
+    for r in sorted(found_in, key=sent_s):  # stable: a step record before its aggregates
+        now = sent_s(r)
+        for f in [*analyzer.observe([r]), *(analyzer.tick(now) if now else [])]:
+            sent[f.finding_id] = f
+    return list(sent.values())
+
+
 def analyse(
     mode: str, found_in: list[schema.Record], cfg: config.AnalyzerConfig | None = None
 ) -> list[schema.Finding]:

@@ -109,4 +109,7 @@ def test_vigil_names_the_slow_rank_and_the_stalled_loader_and_nothing_on_the_cle
         assert done.returncode == 0, done.stderr
         findings = json.loads(done.stdout)["findings"]
         named = sorted({(f["kind"], tuple(f["subjects"].get("ranks", []))) for f in findings})
-        assert [(kind, list(ranks)) for kind, ranks in named] == expected, (job, findings)
+        assert [(kind, list(ranks)) for kind, ranks in named] == expected, (
+            job,
+            [f["summary"] for f in findings],
+        )
