@@ -47,9 +47,9 @@ def replay_hang(
     cfg: config_mod.HangConfig,
 ) -> list[schema.Finding]:
     """Replay progress and positions through a hang tracker in time order, checking it as the
-    streaming analyzer's ticks would (at each heartbeat, at most every `_CHECK_EVERY_S`) and
-    at `now_s`: a hang the job came out of is found too. Returns each hang finding once, in
-    its final state."""
+    streaming analyzer's ticks would (at each heartbeat, at most every `_CHECK_EVERY_S`, and
+    just after the silence passes the threshold: `HangTracker.due_s`) and at `now_s`: a hang
+    the job came out of is found too. Returns each hang finding once, in its final state."""
     tracker = hangs.HangTracker(a.job_id, cfg)
     tracker.expect_ranks(a.ranks.tolist())
     with np.errstate(all="ignore"):
@@ -75,6 +75,10 @@ def replay_hang(
     found: dict[str, schema.Finding] = {}
     checked = -np.inf
     for time_s, kind, i, record in events:
+        due = tracker.due_s()
+        if due is not None and checked < due < time_s:
+            checked = due
+            _keep(found, tracker.check(due))
         if kind == 0:
             tracker.observe_step_time(
                 int(a.steps[i]), time_s, float(step_time[i]), float(a.step_start_s[i])

@@ -371,6 +371,17 @@ class HangTracker:
         most = max(done.values(), default=0)
         return any(done.get(rank, 0) >= most for rank in self._checkpointing)
 
+    def due_s(self) -> float | None:
+        """The earliest time `check` could find a hang, as things stand: just after the
+        silence passes the threshold (None while a hang or crash is open, or before any
+        progress). A caller that checks about once a second checks then too: a hang is found up
+        to a second sooner."""
+        if self._crash is not None or self._open is not None or self._last_progress_s <= 0:
+            return None
+        grace = self._grace()
+        since = self._last_progress_s if grace else max(self._last_progress_s, self._grace_s)
+        return since + self._threshold(grace) + _DUE_AFTER_S
+
     def check(self, now_s: float, *, final: bool = False) -> schema.Finding | None:
         """A new or resolved hang finding, a crash finding, or None when nothing changed
         (`final`: no more records will come, e.g. the end of an offline replay)."""
@@ -506,6 +517,8 @@ class HangTracker:
         return hangreport.hang_finding(stall, culprits, late)
 
 
+# `due_s` is this long past the threshold: a check must find the silence longer than it.
+_DUE_AFTER_S = 0.01
 # The states a process sends last, as it ends.
 _LAST_WORDS = frozenset(
     {schema.RankState.FAILED, schema.RankState.FINISHED, schema.RankState.TERMINATED}

@@ -204,6 +204,11 @@ class StreamingAnalyzer:
                 out.append(finding)
         return out
 
+    def due_s(self) -> float | None:
+        """The earliest time a tick could find a hang in some job (`HangTracker.due_s`)."""
+        due = [d for s in self._jobs.values() if not s.job_done and (d := s.hang.due_s())]
+        return min(due) if due else None
+
     def forget(self, job_id: str) -> None:
         """Drop a finished job's state."""
         self._jobs.pop(job_id, None)

@@ -220,7 +220,8 @@ def stream(
     case: Case, job: ob.Job, start: float, end: float
 ) -> tuple[list[schema.Finding], float | None]:
     """Feed the job to a `StreamingAnalyzer` as a collector receives it (records shipped
-    before `start` at once, then every 0.5 s what arrived, and a tick) until `end`; its
+    before `start` at once, then every 0.5 s, or at its `due_s`, what arrived, and a tick)
+    until `end`; its
     findings in their last state and when the first right one came."""
     analyzer = streaming.StreamingAnalyzer()
     shipped = sorted(job.shipped, key=lambda s: s[0])
@@ -231,7 +232,9 @@ def stream(
     first_right: float | None = None
     now, b, h = start, 0, 0
     while now < end:
-        now += 0.5
+        # Every 0.5 s, and as a hang's silence passes its threshold (the collector's ticks).
+        due = analyzer.due_s()
+        now = due if due is not None and now < due < now + 0.5 else now + 0.5
         batch: list[schema.Record] = []
         while b < len(later) and later[b][0] <= now:
             batch.extend(later[b][1])

@@ -4,13 +4,14 @@
 analyzer plugs in through the `StreamAnalyzer` protocol.
 """
 
-from vigil.collector.analyzer_runner import StreamAnalyzer, TickingAnalyzer
+from vigil.collector.analyzer_runner import DueAnalyzer, StreamAnalyzer, TickingAnalyzer
 from vigil.collector.app import create_app
 from vigil.collector.settings import CollectorSettings
 from vigil.collector.store import IngestResult, Store, StoreConfig
 
 __all__ = [
     "CollectorSettings",
+    "DueAnalyzer",
     "IngestResult",
     "Store",
     "StoreConfig",

@@ -64,6 +64,14 @@ History = Callable[[str, int], tuple[Sequence[schema.Record], columns.StepColumn
 
 
 @runtime_checkable
+class DueAnalyzer(TickingAnalyzer, Protocol):
+    """A ticking analyzer that says when its next tick could find something (a hang's silence
+    passing its threshold): the collector ticks then too, not only every `analyzer_tick_s`."""
+
+    def due_s(self) -> float | None: ...
+
+
+@runtime_checkable
 class ResumingAnalyzer(StreamAnalyzer, Protocol):
     """An analyzer that reads a job's recent past from the store when it first sees the job
     (after a collector restart, running jobs are picked up where they were)."""
@@ -177,6 +185,10 @@ class AnalyzerRunner:
         self._closed = False
         self._lock = threading.Lock()
         self.calls = 0  # observe calls made (fewer than batches where batches were merged)
+        # The analyzer's `due_s` after its latest call (read by the tick loop, set on the
+        # worker thread, so the loop never reads the analyzer while it runs).
+        self.due_s: float | None = None
+        self._due = analyzer if isinstance(analyzer, DueAnalyzer) else None
 
     @property
     def pending(self) -> int:
@@ -280,6 +292,8 @@ class AnalyzerRunner:
         self.calls += 1
         try:
             findings = list(call())
+            if self._due is not None:
+                self.due_s = self._due.due_s()
             if findings:
                 self._store_findings(findings)
         except Exception:  # an analyzer bug must never take ingest down

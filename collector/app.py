@@ -2,7 +2,8 @@
 
 Start-up opens the store and runs migrations before the first request; two loops run beside the
 server: retention/rollups every `maintenance_interval_s`, and the analyzer's `tick` (hang detection
-without new records) every `analyzer_tick_s` when the analyzer has one. Must not bind sockets:
+without new records) every `analyzer_tick_s` when the analyzer has one, and when it says a hang
+could be due (`DueAnalyzer`) if that comes sooner. Must not bind sockets:
 `vigil collector` (command.py) serves the app with uvicorn.
 """
 
@@ -160,9 +161,7 @@ def _lifespan(
         ]
         if ctx.runner is not None:
             runner = ctx.runner
-            loops.append(
-                _every(ctx.settings.analyzer_tick_s, "analyzer tick", _tick(runner, ctx.clock))
-            )
+            loops.append(_ticking(runner, ctx.clock, ctx.settings.analyzer_tick_s))
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
@@ -177,11 +176,28 @@ def _lifespan(
     return lifespan
 
 
-def _tick(runner: AnalyzerRunner, clock: Callable[[], float]) -> Callable[[], Awaitable[Any]]:
-    async def tick() -> None:
-        runner.tick(clock())
+# How often the tick loop looks at the analyzer's `due_s` between ticks.
+_DUE_POLL_S = 0.2
 
-    return tick
+
+async def _ticking(runner: AnalyzerRunner, clock: Callable[[], float], interval_s: float) -> None:
+    """Tick the analyzer every `interval_s`, and at its `due_s` (a hang's silence passing its
+    threshold) when that comes sooner, until cancelled; a failure is logged."""
+    last = clock()
+    while True:
+        wake = last + interval_s
+        due = runner.due_s  # re-read at least every `_DUE_POLL_S`: records may bring it closer
+        if due is not None and last < due < wake:
+            wake = due
+        now = clock()
+        if now < wake:
+            await asyncio.sleep(min(wake - now, _DUE_POLL_S))
+            continue
+        last = now
+        try:
+            runner.tick(last)
+        except Exception:  # a background failure must not stop the loop or the server
+            log.exception("analyzer tick failed; retrying in %.0f s", interval_s)
 
 
 async def _every(interval_s: float, name: str, call: Callable[[], Awaitable[Any]]) -> None:

@@ -9,7 +9,7 @@ Rank 2 stops before step 16; ranks 0, 1 and 3 enter step 16's all-reduce and wai
 from __future__ import annotations
 
 from vigil import schema
-from vigil.analyzer import streaming
+from vigil.analyzer import config, engine, streaming
 
 JOB = "late-reports"
 RANKS = 4
@@ -134,3 +134,28 @@ def test_a_heartbeat_that_arrives_after_a_newer_one_does_not_move_the_rank_back(
         beats.append(_beat(2, t, waiting=False))
         found += _hangs([*analyzer.observe(beats), *analyzer.tick(t)])
     assert [f.subjects.ranks for f in found] == [[2]], [f.summary for f in found]
+
+
+def test_offline_a_hang_is_found_as_its_silence_passes_the_threshold() -> None:
+    """Heartbeats come 0.2 s past each second of the stall, so the 4 s threshold passes 0.2 s
+    before the next one: `vigil analyze` checks then too (as the collector ticks then), not
+    at the next heartbeat."""
+    records = _history()
+    for k in range(8):
+        t = LAST_END + 0.2 + k
+        records += [_beat(rank, t, waiting=rank != 2) for rank in range(RANKS)]
+    found = _hangs(engine.analyze_records(records))
+    assert [f.subjects.ranks for f in found] == [[2]], [f.summary for f in found]
+    silence = next(e for e in found[0].evidence if e.metric == "seconds_without_progress")
+    assert silence.baseline < silence.observed <= silence.baseline + 0.05
+
+
+def test_a_trackers_due_time_is_when_its_silence_passes_the_threshold() -> None:
+    analyzer = streaming.StreamingAnalyzer()
+    analyzer.observe(_history())
+    due = analyzer.due_s()
+    threshold = config.HangConfig().min_s  # 0.25 s steps: the floor decides
+    assert due is not None and LAST_END + threshold < due <= LAST_END + threshold + 0.02
+    analyzer.observe([_beat(rank, LAST_END + 2.0, waiting=rank != 2) for rank in range(RANKS)])
+    assert [f.subjects.ranks for f in analyzer.tick(due)] == [[2]]
+    assert analyzer.due_s() is None  # the hang is open: nothing more to find

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from tests.collector import records as rec
 from tests.collector.conftest import FakeClock, MakeClient
 from vigil import api, cli, codec, columns, schema
-from vigil.collector import CollectorSettings, TickingAnalyzer
+from vigil.collector import CollectorSettings, DueAnalyzer, TickingAnalyzer
 
 pytestmark = pytest.mark.integration
 HEADERS = {"content-type": api.BATCH_MEDIA_TYPE}
@@ -406,6 +406,46 @@ def test_analyzer_sees_committed_batches_and_its_findings_are_served(
     _wait_for(lambda: analyzer.batches == 3)
     time.sleep(0.2)
     assert analyzer.batches == 3
+
+
+class DueSoonAnalyzer:
+    """Says a tick is due 0.5 s after each batch it sees; records when it is ticked."""
+
+    def __init__(self) -> None:
+        self.due: float | None = None
+        self.ticks: list[float] = []
+
+    def observe(
+        self, records: Sequence[schema.Record], steps: columns.StepColumns | None = None
+    ) -> Sequence[schema.Finding]:
+        self.due = time.time() + 0.5
+        return []
+
+    def tick(self, now_s: float) -> Sequence[schema.Finding]:
+        self.ticks.append(now_s)
+        return []
+
+    def due_s(self) -> float | None:
+        return self.due
+
+
+def test_the_analyzer_is_ticked_when_it_says_a_hang_could_be_due(make_client: MakeClient) -> None:
+    """Ticks come every `analyzer_tick_s` (here a minute) and at the analyzer's `due_s` when
+    that is sooner: a hang's silence passing its threshold is checked then, not up to a tick
+    later."""
+    analyzer = DueSoonAnalyzer()
+    assert isinstance(analyzer, DueAnalyzer)
+    client = make_client(analyzer=analyzer, analyzer_tick_s=60.0)
+    time.sleep(1.0)
+    assert analyzer.ticks == []  # nothing due yet, and the minute has not passed
+    assert ingest(client, [rec.step(0, 1)]) == 200
+    _wait_for(lambda: analyzer.due is not None)
+    due = analyzer.due
+    assert due is not None
+    _wait_for(lambda: len(analyzer.ticks) == 1, timeout_s=5.0)
+    assert due <= analyzer.ticks[0] < due + 0.5
+    time.sleep(1.0)
+    assert len(analyzer.ticks) == 1  # a due time that has passed brings no more ticks
 
 
 def test_vigil_collector_refuses_an_open_bind_without_tokens(
