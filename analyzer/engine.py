@@ -74,17 +74,19 @@ def replay_hang(
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     found: dict[str, schema.Finding] = {}
     checked = -np.inf
+    due: float | None = None  # the tracker's `due_s`, asked after each step's end and check
     for time_s, kind, i, record in events:
-        due = tracker.due_s()
         if due is not None and checked < due < time_s:
             checked = due
             _keep(found, tracker.check(due))
+            due = tracker.due_s()
         if kind == 0:
             tracker.observe_step_time(
                 int(a.steps[i]), time_s, float(step_time[i]), float(a.step_start_s[i])
             )
             # Every rank's end of this step is at or before the latest (signs of life).
             tracker.observe_step_ends(*ends.get(int(a.steps[i]), ([], [])))
+            due = tracker.due_s()
         elif isinstance(record, schema.CollectiveAggregate):
             tracker.observe_seq(record.rank, record.group, record.last_seq, record.op)
         elif isinstance(record, schema.Heartbeat):
@@ -92,6 +94,7 @@ def replay_hang(
             if time_s - checked >= _CHECK_EVERY_S:
                 checked = time_s
                 _keep(found, tracker.check(time_s))
+                due = tracker.due_s()
     _keep(found, tracker.check(now_s, final=True))
     return list(found.values())
 

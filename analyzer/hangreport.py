@@ -126,7 +126,6 @@ def _named(stall: Stall, culprits: Culprits, late: Sequence[int]) -> str:
     if late:
         summary += (
             f"; rank(s) {_ranks(late)} sent no heartbeat since progress stopped, or since a peer "
-            "entered that collective (their "
-            "positions may be stale)"
+            "entered that collective (their positions may be stale)"
         )
     return summary

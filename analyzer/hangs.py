@@ -227,9 +227,7 @@ class HangTracker:
             return  # arrived after a newer one (a retried shipment): where the rank was, not is
         self._entered[hb.rank] = hb
         gid = self.names.group_id(hb.last_group) if hb.last_group else -1
-        self._arrivals.observe(
-            np.array([hb.rank]), np.array([gid]), np.array([hb.last_seq]), np.array([hb.time_s])
-        )
+        self._arrivals.observe_one(hb.rank, gid, hb.last_seq, hb.time_s)
         self.observe_position(
             hb.rank, hb.last_group, hb.last_seq, hb.last_op, hb.state,
             between_steps=hb.between_steps, compiling=hb.compiling,
@@ -379,8 +377,13 @@ class HangTracker:
         if self._crash is not None or self._open is not None or self._last_progress_s <= 0:
             return None
         grace = self._grace()
-        since = self._last_progress_s if grace else max(self._last_progress_s, self._grace_s)
-        return since + self._threshold(grace) + _DUE_AFTER_S
+        return self._since(grace) + self._threshold(grace) + _DUE_AFTER_S
+
+    def _since(self, grace: bool) -> float:
+        """When the silence began: the last progress; once a save, a compile or the loop's own
+        code is over, the last check that saw it (the steps it held up are only now on their
+        way, and the ranks' heartbeats tell that it is over a little apart)."""
+        return self._last_progress_s if grace else max(self._last_progress_s, self._grace_s)
 
     def check(self, now_s: float, *, final: bool = False) -> schema.Finding | None:
         """A new or resolved hang finding, a crash finding, or None when nothing changed
@@ -396,14 +399,9 @@ class HangTracker:
             return None
         grace = self._grace()
         threshold = self._threshold(grace)
-        # Silence counts from the last progress; once a save, a compile or the loop's own code
-        # is over, from then: the steps it held up are only now on their way (and the ranks'
-        # heartbeats tell that it is over a little apart).
         if grace:
             self._grace_s = now_s
-            since = self._last_progress_s
-        else:
-            since = max(self._last_progress_s, self._grace_s)
+        since = self._since(grace)
         silent = now_s - since
         if self._open is not None:
             if silent < threshold:  # progress resumed

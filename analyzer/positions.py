@@ -188,6 +188,15 @@ class Arrivals:
             self._seq[at] = seq[moved]
             self._since[at] = time_s[moved]
 
+    def observe_one(self, rank: int, group: int, seq: int, time_s: float) -> None:
+        """`observe` for one heartbeat (no arrays built: offline replays go beat by beat)."""
+        if not 0 <= rank < self._max_rank:
+            return
+        if rank >= self._since.size:
+            self._grow(rank)
+        if self._group[rank] != group or self._seq[rank] != seq:
+            self._group[rank], self._seq[rank], self._since[rank] = group, seq, time_s
+
     def first_seen(self, ranks: list[int]) -> float | None:
         """The earliest time one of `ranks` was seen where it is now (None: none was)."""
         known = [r for r in ranks if 0 <= r < self._since.size]

@@ -206,8 +206,8 @@ class StreamingAnalyzer:
 
     def due_s(self) -> float | None:
         """The earliest time a tick could find a hang in some job (`HangTracker.due_s`)."""
-        due = [d for s in self._jobs.values() if not s.job_done and (d := s.hang.due_s())]
-        return min(due) if due else None
+        due = [s.hang.due_s() for s in self._jobs.values() if not s.job_done]
+        return min((d for d in due if d is not None), default=None)
 
     def forget(self, job_id: str) -> None:
         """Drop a finished job's state."""

@@ -221,8 +221,7 @@ def stream(
 ) -> tuple[list[schema.Finding], float | None]:
     """Feed the job to a `StreamingAnalyzer` as a collector receives it (records shipped
     before `start` at once, then every 0.5 s, or at its `due_s`, what arrived, and a tick)
-    until `end`; its
-    findings in their last state and when the first right one came."""
+    until `end`; its findings in their last state and when the first right one came."""
     analyzer = streaming.StreamingAnalyzer()
     shipped = sorted(job.shipped, key=lambda s: s[0])
     analyzer.observe([*job.records, *(r for t, batch in shipped if t < start for r in batch)])
