@@ -67,6 +67,7 @@ class HangTracker:
         self._step_times: deque[float] = deque(maxlen=cfg.history_steps)
         self._last_progress_s = 0.0
         self._grace_s = 0.0  # the last check that found the silence a save, compile or loop code
+        self._save_seen_s = 0.0  # the last check that found a save no rank was behind in
         self._last_step = -1
         # Group ids shared with the caller's aggregate and heartbeat arrays (aggcols).
         self.names = names if names is not None else aggcols.Names({})
@@ -132,7 +133,7 @@ class HangTracker:
         self._restarted_s = now_s
         self._epoch_s = max(self._epoch_s, now_s)
         self._last_progress_s = max(self._last_progress_s, now_s)
-        self._grace_s = 0.0
+        self._grace_s = self._save_seen_s = 0.0
         self._positions.clear()
         self._arrivals.clear()
         self._waits.clear()
@@ -336,8 +337,9 @@ class HangTracker:
         finished yet (a long save every rank makes, or one only this rank makes: rank 0
         writing the whole state while its peers wait at a barrier), while the job is in its
         loop's own code (`_in_loop_code`), or while a rank's torch.compile compiles (a
-        recompilation mid-run)."""
-        return self._threshold(self._grace())
+        recompilation mid-run); longer while a rank is in a save its peers took long to finish
+        (`_silence`)."""
+        return self._silence(self._grace())[1]
 
     def _threshold(self, grace: bool) -> float:
         learned = learned_threshold_s(list(self._step_times), self.cfg)
@@ -376,14 +378,28 @@ class HangTracker:
         to a second sooner."""
         if self._crash is not None or self._open is not None or self._last_progress_s <= 0:
             return None
-        grace = self._grace()
-        return self._since(grace) + self._threshold(grace) + _DUE_AFTER_S
+        since, threshold = self._silence(self._grace())
+        return since + threshold + _DUE_AFTER_S
 
-    def _since(self, grace: bool) -> float:
-        """When the silence began: the last progress; once a save, a compile or the loop's own
-        code is over, the last check that saw it (the steps it held up are only now on their
-        way, and the ranks' heartbeats tell that it is over a little apart)."""
-        return self._last_progress_s if grace else max(self._last_progress_s, self._grace_s)
+    def _silence(self, grace: bool) -> tuple[float, float]:
+        """When the silence began, and how long it may last:
+        - the last progress, and the threshold (`_threshold`);
+        - once a save, a compile or the loop's own code is over, from the last check that saw
+          it (the steps it held up are only now on their way, and the ranks' heartbeats tell
+          that it is over a little apart);
+        - but while a rank is still in a save its peers have finished, from the last progress,
+          for the threshold or `_SAVE_SKEW` times as long as the peers' saves took (until the
+          last check that saw them saving), whichever is longer: the culprit's save began with
+          theirs, so it has had their save's time already; on a long save, a rank writing to
+          slower storage may take longer than its peers plus one threshold, and is not hung."""
+        progress = self._last_progress_s
+        threshold = self._threshold(grace)
+        if grace:
+            return progress, threshold
+        saved = self._save_seen_s - progress
+        if self._checkpointing and saved > 0 and self._save_seen_s >= self._grace_s:
+            return progress, max(threshold, _SAVE_SKEW * saved)
+        return max(progress, self._grace_s), threshold
 
     def check(self, now_s: float, *, final: bool = False) -> schema.Finding | None:
         """A new or resolved hang finding, a crash finding, or None when nothing changed
@@ -397,11 +413,13 @@ class HangTracker:
             return crash
         if self._last_progress_s <= 0:
             return None
-        grace = self._grace()
-        threshold = self._threshold(grace)
+        saving = self._saving()
+        grace = saving or self._grace()
         if grace:
             self._grace_s = now_s
-        since = self._since(grace)
+        if saving:
+            self._save_seen_s = now_s
+        since, threshold = self._silence(grace)
         silent = now_s - since
         if self._open is not None:
             if silent < threshold:  # progress resumed
@@ -515,6 +533,9 @@ class HangTracker:
         return hangreport.hang_finding(stall, culprits, late)
 
 
+# A rank still in a save its peers have finished is hung once its save has lasted this many
+# times as long as theirs (and the threshold): storage serves ranks at different speeds.
+_SAVE_SKEW = 2.0
 # `due_s` is this long past the threshold: a check must find the silence longer than it.
 _DUE_AFTER_S = 0.01
 # The states a process sends last, as it ends.

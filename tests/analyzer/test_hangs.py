@@ -203,6 +203,52 @@ def test_a_rank_stuck_in_a_save_its_peers_finished_is_hung(between: bool) -> Non
     assert tracker.threshold_s() == pytest.approx(CFG.min_s)
 
 
+def _save_one_rank_never_finishes(peers_save_s: float, until_s: float) -> list[float]:
+    """1 s steps to 109 s, then every rank in a checkpoint span; ranks 0, 2, 3 finish theirs
+    after `peers_save_s` and wait at the barrier after it, rank 1 never does. Heartbeats every
+    0.5 s, each checked as it comes (as the offline replay does). When a hang was found, with
+    its due time as each check left it."""
+    tracker = hangs.HangTracker("j", CFG)
+    for step in range(10):
+        tracker.observe_step_time(step, 100.0 + step, 1.0)
+    found = []
+    for t in np.arange(109.5, until_s, 0.5):
+        for rank in range(4):
+            done = rank != 1 and t >= 109.0 + peers_save_s
+            beat = schema.Heartbeat(
+                job_id="j", rank=rank, time_s=float(t), last_step=9, last_group="world",
+                last_seq=21 if done else 20, last_op="barrier",
+                state=schema.RankState.IN_COLLECTIVE if done else schema.RankState.CHECKPOINTING,
+                checkpoints=int(done), between_steps=True,
+            )  # fmt: skip
+            tracker.observe_heartbeat(beat)
+        due = tracker.due_s()
+        hang = tracker.check(float(t))
+        if hang is not None:
+            assert hang.subjects.ranks == [1], hang
+            found.append(float(t))
+        if due is not None and due < t + 0.5 and not found:
+            hang = tracker.check(due)  # as the replay and the collector check at due
+            assert hang is not None and hang.subjects.ranks == [1], (due, hang)
+            found.append(due)
+    return found
+
+
+def test_a_rank_stuck_in_a_save_is_hung_a_threshold_after_the_step_before_it() -> None:
+    """Every rank saved for 1.5 s and rank 1 never finished: its save began with theirs, so it
+    is hung a threshold after the last step ended, not a threshold after the peers' saves."""
+    found = _save_one_rank_never_finishes(1.5, 120.0)
+    assert found and found[0] == pytest.approx(109.0 + CFG.min_s, abs=0.02), found
+
+
+def test_a_rank_whose_long_save_takes_longer_than_its_peers_is_not_hung_too_soon() -> None:
+    """The peers' saves took 20 s: rank 1's save is hung once it has lasted twice as long (a
+    threshold past the peers' saves is storage skew on a save this long)."""
+    found = _save_one_rank_never_finishes(20.0, 160.0)
+    # The last check that saw the peers saving was at 128.5 s: 19.5 s of save, 39 s of allowance.
+    assert found and found[0] == pytest.approx(109.0 + 2 * 19.5, abs=0.02), found
+
+
 @pytest.mark.parametrize("peers", [schema.RankState.IN_COLLECTIVE, schema.RankState.CHECKPOINTING])
 def test_a_save_no_peer_has_finished_gets_the_long_threshold(peers: schema.RankState) -> None:
     """Rank 1 alone saves while its peers wait at the barrier (rank 0 writing the whole
