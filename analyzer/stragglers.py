@@ -425,8 +425,8 @@ def rank_finding(
     # A straggler flagged more for its wait for a CPU than for its compute: the host's cause.
     starved = kind is Kind.STRAGGLER and own is None and _starved(a, scores, rows, col)
     values, label = _signal(a, kind, starved=starved)
-    with np.errstate(all="ignore"):
-        baseline = float(np.nanmedian(np.nanmedian(values[rows], axis=1)))
+    # A step no rank timed (NaN) drops out, silently: the warning would reach the user's stderr.
+    baseline = float(robust.nanmedian(robust.nanmedian(values[rows], 1), 0))
     note = f"median over steps; robust z {z:.1f}"
     if own is not None and a.forward_s is not None:
         values, label, baseline = a.forward_s, "forward_time", own
