@@ -362,19 +362,32 @@ def detect(
                     spread = _spread(a, kind, slice(first, last + 1), col)
                     steady = spread.kind is not shape.Kind.INTERMITTENT
                     accumulated = excess.accumulate(x[:, col : col + 1], cfg, steady=steady)
+                    # Its evidence may come in any step it is still persistent in, flagged or
+                    # not (an intermittent straggler's 6th slow step, between its flags).
+                    held = _held_until(hits[:, col], last, cfg.min_hits)
                     carried = excess.evident(
-                        a.steps, x[:, col], accumulated[:, 0], at, last, cfg, steady=steady
+                        a.steps, x[:, col], accumulated[:, 0], at, held, cfg, steady=steady
                     )
                     if carried is None:
                         continue
                     at, evidence = carried
                     extra.append(evidence)
+                    if at > last:
+                        last = at
+                        spread = _spread(a, kind, slice(first, last + 1), col)
                 out.append(
                     rank_finding(
                         a, scores, kind, col, first, last, at, cfg, extra, spread=spread, own=own
                     )
                 )
     return [f for f in out if _moved_up(f, cfg)]
+
+
+def _held_until(hits: npt.NDArray[np.int32], last: int, min_hits: int) -> int:
+    """The last row from `last` (an episode's last flagged row) on that its rank is still
+    persistent: in at least `min_hits` of the window's steps."""
+    after = np.flatnonzero(hits[last:] < min_hits)
+    return max(last, last + int(after[0]) - 1 if after.size else hits.size - 1)
 
 
 def _lasted(

@@ -211,10 +211,14 @@ def test_an_episode_whose_hits_dipped_is_still_retried_until_it_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 1F1B pipeline (pp 4 x dp 8) whose rank 1 is 2x slow in its optimizer step every 4th
-    step: its smoothed flags reach persistence (8 of 12) at step ~24 and dip to 7 at step 32
-    while the episode goes on; its finding passes its checks only once its slow steps show a
-    period and its shape is intermittent. Offline analysis reports that episode; the streaming
-    analyzer, which retried only while the rank was persistent at that moment, missed it."""
+    step from step 12: its smoothed flags reach persistence (8 of 12) at step ~24, lapse after
+    step 27 and dip to 7 at step 32 while the episode goes on; its finding passes its checks
+    only once its slow steps show a period. Its 6th slow step on the period, step 28, falls
+    after its last flagged step while it is still persistent: the evidence counts there
+    (`stragglers._held_until`), and the finding goes out as step 28 comes in, 16 steps after
+    onset. Searched only up to its last flagged step, the evidence showed once a later flag
+    extended the episode (21 steps after onset); and the streaming analyzer, which then
+    retried only while the rank was persistent at that moment, missed it."""
     fault = ob.Fault(
         kind=ob.FaultKind.STRAGGLER, rank=1, start_step=12, factor=2.0,
         position=ob.Position.OPTIMIZER, every=4,
@@ -229,10 +233,17 @@ def test_an_episode_whose_hits_dipped_is_still_retried_until_it_ends(
     )  # fmt: skip
     offline = engine.analyze_arrays(arrays.from_records(job.all_records(), job_id="dipped"))
     assert [(f.kind, f.subjects.ranks) for f in offline] == [("straggler", [1])]
-    found = [f for f, _newest in _stream_observed(job, "straggler")]
-    assert found and {tuple(f.subjects.ranks) for f in found} == {(1,)}, found
-    assert "intermittent" in found[-1].summary, found[-1].summary
-    # Retrying only while persistent at that moment, as before, misses it.
+    found = _stream_observed(job, "straggler")
+    assert found and {tuple(f.subjects.ranks) for f, _ in found} == {(1,)}, found
+    assert "intermittent" in found[-1][0].summary, found[-1][0].summary
+    first_sent = found[0][1]
+    assert first_sent - 12 <= 20, first_sent  # within 20 steps of onset
+    # Its evidence searched only up to its last flagged step, the retries until the episode
+    # ends find it, later ...
+    monkeypatch.setattr(stragglers, "_held_until", lambda _hits, last, _min_hits: last)
+    later = _stream_observed(job, "straggler")
+    assert later and later[0][1] - 12 > 20, later
+    # ... and retrying only while persistent at that moment, as before, misses it.
     monkeypatch.setattr(
         jobstream.JobStream,
         "_unreported",
