@@ -30,7 +30,8 @@ positions of its micro-batches, the loss Trainer's training_step returned summed
 the checkpoint folders Trainer wrote, whether accelerate really sharded the model, and the CPU
 seconds of the threads the case started (`new_threads_cpu`: vigil's, and in the first case the
 process group's), read at its last step end (and `new_threads_cpu_from`, at the end of step
-`threads_from`, when given), and how many threads the process runs after it (`threads_after`).
+`threads_from`, when given), and how many threads the process runs after it, once the threads the case started have
+ended (`threads_after`, waiting up to 3 s for them).
 vigil's files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to
 `DIR/<job>/trainer/`. A "checkpoint" request (`vigil agent --request checkpoint --job NAME`,
 or the collector's control API through a node agent) makes Trainer save a `checkpoint-N`
@@ -115,6 +116,18 @@ def thread_ids() -> set[int]:
         return {int(t) for t in os.listdir("/proc/self/task")}
     except OSError:
         return set()
+
+
+def threads_once_ended(started_before: set[int], wait_s: float = 3.0) -> int:
+    """How many threads the process runs once those started since `started_before` have ended,
+    waiting up to `wait_s` for them: a joined thread is reaped by the OS a moment after its
+    join returns, and a gloo group's worker threads end as its last reference goes. Threads
+    still running after `wait_s` (a process group the case made and kept) are counted."""
+    gc.collect()  # a group only a reference cycle still holds is garbage, not kept
+    deadline = time.monotonic() + wait_s
+    while thread_ids() - started_before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(thread_ids())
 
 
 def new_threads_cpu(before: set[int]) -> float:
@@ -261,7 +274,7 @@ def run_case(case: dict[str, Any], ns: argparse.Namespace, rank: int) -> list[di
         "wrapper": type(trainer.model_wrapped).__name__,
         "new_threads_cpu": log.threads_cpu,
         "new_threads_cpu_from": log.threads_cpu_from,
-        "threads_after": len(thread_ids()),  # the process's threads once the case is over
+        "threads_after": threads_once_ended(log.threads),  # once the case is over
     }
     (out / case["job"]).mkdir(parents=True, exist_ok=True)
     (out / case["job"] / f"job.rank{rank}.json").write_text(json.dumps(record))

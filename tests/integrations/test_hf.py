@@ -247,8 +247,8 @@ def test_a_rank_where_vigil_cannot_start_trains_on_and_still_saves_with_its_peer
 def test_each_training_leaves_no_thread_of_vigils_behind(runs: Path) -> None:
     """Each case's session and checkpoint agreement (a gloo group of its own: its loop and run
     threads) end with its training: after the first case (which made the process group) every
-    case leaves the process the threads it found, give or take one still ending (a group left
-    behind would add three a case)."""
+    case leaves the process the threads it found (counted once the case's threads have ended,
+    up to 3 s after it), give or take one (a group left behind would add three a case)."""
     cases = ["hf-clean", "hf-straggler", "hf-fsdp-on-cpu", "hf-partial"]
     for rank in range(NPROC):
         after = [job_log(runs / case, rank)["threads_after"] for case in cases]
