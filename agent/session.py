@@ -498,8 +498,6 @@ class Session:
             if self.cfg.time_collectives:
                 patching.uninstall()
             self.phases.remove()
-            if self._sigterm is not None:
-                self._sigterm.uninstall()
         self._publish(state)
         self.background.settle(final=True)
         cfg = self.cfg
@@ -515,6 +513,11 @@ class Session:
         )
         self.flusher.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         self._write_health()  # the final drain may have spooled (and dropped) more
+        if not from_signal and self._sigterm is not None:
+            # Only now that the word is written: a SIGTERM until here (torchrun stopping a
+            # survivor whose collective broke) waits for it, where SIGTERM's default would end
+            # the rank without one while the flusher finished a slow collector's POST.
+            self._sigterm.uninstall()
         if self._stacks_file is not None:
             with contextlib.suppress(Exception):
                 faulthandler.unregister(self.cfg.stack_signal)

@@ -122,7 +122,8 @@ def test_a_trainers_own_sigterm_handler_is_left_alone(tmp_path: Path, when: str)
     try:
         assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "waiting"
         procs[0].send_signal(signal.SIGTERM)
-        assert procs[0].wait(20) == 75
+        code = procs[0].wait(20)
+        assert code == 75, (code, procs[0].stderr.read() if procs[0].stderr else "")
         assert "the trainer's handler" in procs[0].stdout.read()
     finally:
         _stop_all(procs)
@@ -254,3 +255,29 @@ time.sleep(30)
         server.shutdown()
         server.server_close()
     assert _states(tmp_path, 0)[-1] == "failed"
+
+
+def test_sigterm_while_the_last_word_is_written_waits_for_it(tmp_path: Path) -> None:
+    """torchrun's SIGTERM reaching a rank whose exit is writing its last word (its collective
+    broke, or it finished) while the flusher is still busy (a POST to a busy collector): the
+    word is written, then the process ends by SIGTERM. Before, SIGTERM's default came back at
+    the start of that shutdown and ended the rank without a word (CI: two of torchrun's
+    survivors)."""
+    after = """
+session = vigil.agent.current()
+stop = session.flusher.stop
+def slow_stop(**kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's, while the flusher is still stopping
+    time.sleep(0.5)
+    stop(**kwargs)
+session.flusher.stop = slow_stop
+vigil.agent.shutdown()
+print("after shutdown", flush=True)
+time.sleep(30)
+"""
+    procs = _start(tmp_path, after=after)
+    try:
+        assert procs[0].wait(30) == -signal.SIGTERM
+    finally:
+        _stop_all(procs)
+    assert _states(tmp_path, 0)[-1] == "finished"  # the shutdown under way says its own
