@@ -30,8 +30,8 @@ positions of its micro-batches, the loss Trainer's training_step returned summed
 the checkpoint folders Trainer wrote, whether accelerate really sharded the model, and the CPU
 seconds of the threads the case started (`new_threads_cpu`: vigil's, and in the first case the
 process group's), read at its last step end (and `new_threads_cpu_from`, at the end of step
-`threads_from`, when given), and how many threads the process runs after it, once the threads the case started have
-ended (`threads_after`, waiting up to 3 s for them).
+`threads_from`, when given), and how many threads the process runs after it, once the
+threads the case started have ended (`threads_after`, waiting up to 3 s for them).
 vigil's files go to `DIR/vigil/<job>/rank-NNNNN.jsonl` (no collector), Trainer's to
 `DIR/<job>/trainer/`. A "checkpoint" request (`vigil agent --request checkpoint --job NAME`,
 or the collector's control API through a node agent) makes Trainer save a `checkpoint-N`
