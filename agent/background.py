@@ -51,6 +51,7 @@ class EndedStep(NamedTuple):
     cpu_wait_s: float = 0.0  # the training thread's wait for a CPU over the step (cpuwait.py)
     # On CUDA: (launch event, end event, device) of each "data" span (see `data_time`).
     data_events: tuple[tuple[Any, Any, int], ...] = ()
+    forward_cpu_wait_s: float = 0.0  # the part of `cpu_wait_s` inside watched forward passes
 
 
 class Background:
@@ -171,6 +172,8 @@ class Background:
                     loss=loss_value(e.loss),
                     peak_memory_bytes=self.peak_memory_bytes,
                     cpu_wait_s=e.cpu_wait_s,
+                    # Unknown (0) where a "forward" span timed part of the forward time.
+                    forward_cpu_wait_s=0.0 if "forward" in spans else e.forward_cpu_wait_s,
                 )
             )
             self._queue.extend(

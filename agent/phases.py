@@ -9,8 +9,12 @@ computation. (A per-forward hook on the output's gradient would exclude the loss
 training thread more than all the other hooks together; on GPUs, where these CPU-side
 timestamps mark launches, the two differ by the loss's launch time only.)
 
+The forward hooks also read the thread's CPU wait (`cpu_wait`, a callable: `cpuwait.py`'s one
+`pread`, ~1.5 µs) and sum the part of it inside forward passes: the analyzer takes that, not the
+whole step's wait, out of a forward pass's growth (`analyzer/forward_shift.py`).
+
 Hooks only read a monotonic clock and add to floats; they never raise into training (errors are
-counted through `on_error`). No I/O, no torch.distributed.
+counted through `on_error`). No I/O beyond that read, no torch.distributed.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ class PhaseTimer:
         *,
         on_error: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        cpu_wait: Callable[[], float] | None = None,
     ) -> None:
         self._clock = clock
+        self._cpu_wait = cpu_wait
         self._on_error = on_error
         self._handles: list[Any] = []
         self.reset()
@@ -51,6 +57,8 @@ class PhaseTimer:
         self.forward_s = 0.0
         self.backward_s = 0.0
         self.optimizer_s = 0.0
+        self.forward_cpu_wait_s = 0.0  # the thread's wait for a CPU inside forward passes
+        self._forward_wait_start = 0.0
         self._forward_start: float | None = None
         self._backward_start: float | None = None
         self._optimizer_start: float | None = None
@@ -74,11 +82,11 @@ class PhaseTimer:
             self.backward_s += max(0.0, now - self._backward_start)
             self._backward_start = None
 
-    def take(self, now: float | None = None) -> tuple[float, float, float]:
-        """(forward_s, backward_s, optimizer_s) of the step that just ended (at `now`); resets
-        the sums."""
+    def take(self, now: float | None = None) -> tuple[float, float, float, float]:
+        """(forward_s, backward_s, optimizer_s, forward_cpu_wait_s) of the step that just ended
+        (at `now`); resets the sums."""
         self.end_backward(now)
-        sums = (self.forward_s, self.backward_s, self.optimizer_s)
+        sums = (self.forward_s, self.backward_s, self.optimizer_s, self.forward_cpu_wait_s)
         self.reset()
         return sums
 
@@ -88,6 +96,8 @@ class PhaseTimer:
             now = self._clock()
             self.end_backward(now)
             self._forward_start = now
+            if self._cpu_wait is not None:
+                self._forward_wait_start = self._cpu_wait()
         except Exception as exc:
             self._on_error(exc)
 
@@ -97,6 +107,9 @@ class PhaseTimer:
             if self._forward_start is not None:
                 self.forward_s += now - self._forward_start
                 self._forward_start = None
+                if self._cpu_wait is not None:
+                    waited = self._cpu_wait() - self._forward_wait_start
+                    self.forward_cpu_wait_s += max(0.0, waited)
             if torch.is_grad_enabled() and _first_grad_tensor(output) is not None:
                 self._backward_start = now
         except Exception as exc:

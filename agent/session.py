@@ -129,11 +129,13 @@ class Session:
             clock=clock,
             wall_offset_s=self._wall_offset,
         )
-        self.phases = phases.PhaseTimer(on_error=self.count_error, clock=clock)
+        self._cpu_wait = cpuwait.ThreadCpuWait()
+        self.phases = phases.PhaseTimer(
+            on_error=self.count_error, clock=clock, cpu_wait=self._cpu_wait.read
+        )
         self.current_step = -1
         self._in_step = False
         self._step_start = 0.0
-        self._cpu_wait = cpuwait.ThreadCpuWait()
         self._cpu_wait_start = 0.0
         self._step_end = -math.inf  # the last step's end (this clock)
         self._spans: dict[str, float] = collections.defaultdict(float)
@@ -286,7 +288,7 @@ class Session:
         self._in_step = False
         if self._flop_mode is not None:
             self._learn_flops(handle.tokens)
-        forward_s, backward_s, optimizer_s = self.phases.take(end)
+        forward_s, backward_s, optimizer_s, forward_cpu_wait_s = self.phases.take(end)
         aggs, blocked_s, collective_s = self.recorder.swap()
         start = self._step_start
         seconds = end - start
@@ -314,7 +316,7 @@ class Session:
         ended.append(
             background.EndedStep(
                 handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
-                blocked_s, aggs, spans, util, cpu_wait_s, data_events,
+                blocked_s, aggs, spans, util, cpu_wait_s, data_events, forward_cpu_wait_s,
             )
         )  # fmt: skip
         looking = self._cuda_device is None and self._cuda_built

@@ -72,6 +72,9 @@ class StepArrays:
     # The forward pass's time as the SDK's module hooks measured it (StepRecord.forward_s; 0
     # where no model was watched); None: not known.
     forward_s: F32 | None = None
+    # The part of cpu_wait_s inside those forward passes (StepRecord.forward_cpu_wait_s; 0
+    # unknown); None: not known.
+    forward_cpu_wait_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
     _known_compute: F32 | None = field(default=None, repr=False, compare=False)
 
@@ -218,6 +221,7 @@ def _assemble(
                 s.model_flops,
                 s.cpu_wait_s,
                 s.forward_s,
+                s.forward_cpu_wait_s,
             )
             for s in steps
         ],
@@ -274,6 +278,7 @@ def _assemble(
         mfu=scatter(mfu),
         cpu_wait_s=scatter(raw[:, 9]),
         forward_s=scatter(raw[:, 10]),
+        forward_cpu_wait_s=scatter(raw[:, 11]),
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,

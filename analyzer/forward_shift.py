@@ -15,7 +15,10 @@ is compared with its own:
   before (`levels`; a shift that began within the last 2 windows moves one of the three);
 - less as much of that growth as its waits grew by (a forward pass that holds a pipeline's
   receive or FSDP's all-gathers grows when its rank waits longer for a peer, and one the
-  scheduler interrupts by its wait for a CPU, `StepRecord.cpu_wait_s`);
+  scheduler interrupts by its wait for a CPU: the part of it inside its forward passes,
+  `StepRecord.forward_cpu_wait_s`, where the SDK measured it, else the step's `cpu_wait_s`;
+  a stage slowed on a host with fewer cores than ranks gives its core away and waits for one
+  more over its whole step, by about as much as its forward pass grew);
 - less the median change of the other ranks (an evaluation or a busy host moves them all).
 
 That shift is flagged where it is at least `min_shift` of the step's median step time;
@@ -99,8 +102,9 @@ def shift(
         return None
     x, per_token = compared
     wait = a.comm_wait_s
-    if a.cpu_wait_s is not None:  # ... and a thread that waits for a CPU in its forward pass
-        wait = wait + np.nan_to_num(a.cpu_wait_s)
+    cpu_wait = forward_cpu_wait(a)
+    if cpu_wait is not None:  # ... and a thread that waits for a CPU in its forward pass
+        wait = (wait + cpu_wait).astype(np.float32)
     if per_token:
         with np.errstate(all="ignore"):
             wait = (wait / np.where(a.tokens > 0, a.tokens, np.nan)).astype(np.float32)
@@ -118,6 +122,20 @@ def shift(
     with np.errstate(invalid="ignore"):
         share = net / step_time
         return Shift(flags=share >= cfg.min_shift, share=share)
+
+
+def forward_cpu_wait(a: arrays_mod.StepArrays) -> robust.FloatArray | None:
+    """[steps, ranks]: each rank's wait for a CPU inside its forward passes, where its SDK
+    measured it (`StepRecord.forward_cpu_wait_s` > 0), else its whole step's wait (an older
+    SDK, a forward timed by a span: all of it may have fallen inside the forward pass); None
+    where no CPU wait is known."""
+    if a.cpu_wait_s is None:
+        return None
+    step = np.nan_to_num(a.cpu_wait_s)
+    if a.forward_cpu_wait_s is None:
+        return step
+    forward = np.nan_to_num(a.forward_cpu_wait_s)
+    return np.where(forward > 0, forward, step).astype(np.float32)
 
 
 def _change(x: robust.FloatArray, cfg: config_mod.StragglerConfig) -> robust.FloatArray:

@@ -32,6 +32,7 @@ _PICK = [
         "model_flops",
         "cpu_wait_s",
         "forward_s",
+        "forward_cpu_wait_s",
     )
 ]
 _FIELDS = (
@@ -47,6 +48,7 @@ _FIELDS = (
     "hidden_wait_s",
     "cpu_wait_s",
     "forward_s",
+    "forward_cpu_wait_s",
 )
 # Filled from collective aggregates by attribution, per row, when a row is viewed.
 _ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
@@ -242,6 +244,7 @@ class StepWindow:
         d["mfu"][row, col] = mfu
         d["cpu_wait_s"][row, col] = values[:, 9]
         d["forward_s"][row, col] = values[:, 10]
+        d["forward_cpu_wait_s"][row, col] = values[:, 11]
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
@@ -404,6 +407,7 @@ class StepWindow:
             mfu=d["mfu"],
             cpu_wait_s=d["cpu_wait_s"],
             forward_s=d["forward_s"],
+            forward_cpu_wait_s=d["forward_cpu_wait_s"],
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),

@@ -99,6 +99,7 @@ class StepPublic(BaseModel):
     loss: float | None
     peak_memory_bytes: int
     cpu_wait_s: float | None = None
+    forward_cpu_wait_s: float | None = None
 
 
 class RankAggregatePublic(BaseModel):

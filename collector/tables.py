@@ -92,6 +92,8 @@ step_records = Table(
     Column("peak_memory_bytes", BigInteger, nullable=False),
     # Added by revision 0007: the training thread's wait for a CPU (0 in older rows).
     Column("cpu_wait_s", Double, nullable=False, server_default="0"),
+    # Added by revision 0008: the part of that wait inside forward passes (0: unknown).
+    Column("forward_cpu_wait_s", Double, nullable=False, server_default="0"),
 )
 
 # Rank-major columns of one step's chunk of 1,024 ranks (little-endian float64 arrays indexed by

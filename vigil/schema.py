@@ -187,6 +187,9 @@ class StepRecord(_Record, tag="step", kw_only=True):
     # Of the step's time, how long the training thread was ready to run but waited for a CPU
     # (Linux schedstat; 0 where unknown): the host's, not the rank's own work.
     cpu_wait_s: NonNegFloat = 0.0
+    # Of that wait, the part inside the watched model's forward passes (their module hooks; 0
+    # where unknown: no watched forward ran, or a "forward" span timed part of it).
+    forward_cpu_wait_s: NonNegFloat = 0.0
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:

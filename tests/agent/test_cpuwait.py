@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 import vigil.agent
 from vigil import codec, schema
@@ -176,3 +177,42 @@ def test_back_to_back_steps_read_schedstat_once_each(
     assert counter.reads == 6  # the first step's start, then each step's end
     waits = [r.cpu_wait_s for r in _steps(tmp_path, "cpuwait-reads").values()]
     assert waits == pytest.approx([0.001] * 5)  # each step: one read's worth, none counted twice
+
+
+class _Spinning(torch.nn.Module):
+    """A watched model whose forward pass spins for `seconds` of CPU."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _spin(self.seconds)
+        return x
+
+
+def test_the_step_record_carries_the_part_of_the_wait_inside_forward_passes(
+    tmp_path: Path, one_core: int
+) -> None:
+    """Step 0 shares the core in its forward pass, step 1 only after it: the step's wait is
+    about the same, the forward pass's is not."""
+    _init(tmp_path, "cpuwait-forward")
+    model = _Spinning(0.3)
+    vigil.agent.watch(model)
+    try:
+        with _hog(one_core):
+            time.sleep(0.2)
+            with vigil.agent.step(0):
+                model(torch.ones(1))
+        model.seconds = 0.05
+        with vigil.agent.step(1):
+            model(torch.ones(1))
+            with _hog(one_core):
+                time.sleep(0.2)
+                _spin(0.3)
+    finally:
+        vigil.agent.shutdown()
+    steps = _steps(tmp_path, "cpuwait-forward")
+    assert 0.1 < steps[0].forward_cpu_wait_s <= steps[0].cpu_wait_s
+    assert steps[1].cpu_wait_s > 0.1
+    assert steps[1].forward_cpu_wait_s < 0.05

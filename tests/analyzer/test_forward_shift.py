@@ -74,6 +74,7 @@ def _job(
     wait: np.ndarray | None = None,
     tokens: np.ndarray | None = None,
     cpu_wait: np.ndarray | None = None,
+    forward_cpu_wait: np.ndarray | None = None,
 ) -> arrays.StepArrays:
     shape = (STEPS, RANKS)
     f32 = np.float32
@@ -94,6 +95,7 @@ def _job(
         stages=np.arange(RANKS, dtype=np.int32),  # a declared pipeline, one rank a stage
         forward_s=forward.astype(f32),
         cpu_wait_s=None if cpu_wait is None else cpu_wait.astype(f32),
+        forward_cpu_wait_s=None if forward_cpu_wait is None else forward_cpu_wait.astype(f32),
     )
 
 
@@ -147,6 +149,32 @@ def test_a_forward_pass_that_grew_by_its_wait_for_a_cpu_is_not_its_own_shift() -
     cpu_wait[30:, 0] += 0.1 * STEP_S
     assert not _shift(_job(forward, cpu_wait=cpu_wait)).flags.any()
     assert _shift(_job(forward)).flags[:, 0].any()  # ... unknown, it would be flagged
+
+
+def test_only_the_cpu_wait_inside_the_forward_pass_is_taken_out_of_its_growth() -> None:
+    """A stage slowed by a tenth of a step before its forward layer, on a host with fewer cores
+    than ranks: sleeping, it gives its core away, and its step's wait for a CPU grows as well
+    (after its sleep, and later in the step), by about as much as its forward pass. Taken out
+    whole, that growth hid the slowdown (the fault matrix's pipeline 1.1x forward case was
+    missed so). The SDK's forward hooks measure the part inside the forward pass: only that is
+    not the stage's own."""
+    forward, cpu_wait, in_forward = _stages(), np.zeros((STEPS, RANKS)), np.zeros((STEPS, RANKS))
+    forward[30:, 2] += 0.1 * STEP_S + 0.02 * STEP_S  # its slowdown, and a wait for a CPU
+    in_forward[:, :] = 0.005 * STEP_S  # a little wait inside every forward pass ...
+    in_forward[30:, 2] += 0.02 * STEP_S  # ... and the slow stage's wait after its sleep
+    cpu_wait[:, :] = 0.02 * STEP_S
+    cpu_wait[30:, 2] += 0.1 * STEP_S  # its step's whole wait grew by as much as its forward
+    shifted = _shift(_job(forward, cpu_wait=cpu_wait, forward_cpu_wait=in_forward))
+    flagged = np.flatnonzero(shifted.flags[:, 2])
+    assert flagged.size >= 8 and not shifted.flags[:, [0, 1, 3]].any()
+    assert shifted.share[flagged[0] + 4, 2] == pytest.approx(0.1, abs=0.02)
+    # Not measured (an older SDK, 0), the step's whole wait is taken out, as before: missed.
+    assert not _shift(_job(forward, cpu_wait=cpu_wait)).flags[:, 2].any()
+    unknown = np.zeros((STEPS, RANKS))
+    assert not _shift(_job(forward, cpu_wait=cpu_wait, forward_cpu_wait=unknown)).flags.any()
+    # A forward pass that grew by its wait for a CPU inside it alone is still not its own.
+    in_forward[30:, 2] += 0.1 * STEP_S
+    assert not _shift(_job(forward, cpu_wait=cpu_wait, forward_cpu_wait=in_forward)).flags.any()
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
