@@ -84,21 +84,22 @@ def cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str, 
     """Print the in-place CPU figures; theirs for the JSON line."""
     own = {kind: np.asarray(v) for kind, v in step_cpu["own"].items()}
     other = {kind: np.asarray(v) for kind, v in step_cpu["other"].items()}
+    sets = np.asarray(step_cpu["sets"])  # per cycle, its set of models: what intervals resample
     base = (own["plain"] + own["plain_b"]) / 2  # per cycle: the two bare steps' mean
     sdk_d, prof_d = own["sdk"] - base, own["profiler"] - base
     floor_d = own["ddp_hook"] - base
     aa_d = own["plain_b"] - own["plain"]
-    sdk_us, sdk_90 = _median_interval(sdk_d)
-    prof_us, prof_90 = _median_interval(prof_d)
-    aa_us, aa_90 = _median_interval(aa_d)
-    share_90 = _share_interval(sdk_d, prof_d)
+    sdk_us, sdk_90 = _median_interval(sdk_d, sets)
+    prof_us, prof_90 = _median_interval(prof_d, sets)
+    aa_us, aa_90 = _median_interval(aa_d, sets)
+    share_90 = _share_interval(sdk_d, prof_d, sets)
     share = sdk_us / prof_us if prof_us > 0 else float("nan")
-    floor_us, floor_90 = _median_interval(floor_d)
-    beyond_us, beyond_90 = _median_interval(sdk_d - floor_d)
+    floor_us, floor_90 = _median_interval(floor_d, sets)
+    beyond_us, beyond_90 = _median_interval(sdk_d - floor_d, sets)
     beyond_share = beyond_us / prof_us if prof_us > 0 else float("nan")
     other_base = (other["plain"] + other["plain_b"]) / 2
-    sdk_other_us, _ = _median_interval(other["sdk"] - other_base)
-    prof_other_us, _ = _median_interval(other["profiler"] - other_base)
+    sdk_other_us, _ = _median_interval(other["sdk"] - other_base, sets)
+    prof_other_us, _ = _median_interval(other["profiler"] - other_base, sets)
     background_us = step_cpu["sdk_threads_s"] * 1e6
     stop_us = step_cpu["stop_s"] * 1e6
     sdk_all_us = sdk_us + sdk_other_us + background_us
@@ -239,19 +240,35 @@ def _interval(with_: list[float], without: list[float], draws: int = 2000) -> tu
     return float(low), float(high)
 
 
-def _median_interval(seconds: np.ndarray, draws: int = 2000) -> tuple[float, tuple[float, float]]:
-    """The median of per-cycle differences, in microseconds, and its bootstrap 90 % interval."""
-    rng = np.random.default_rng(0)
+def _median_interval(
+    seconds: np.ndarray, sets: np.ndarray, draws: int = 2000
+) -> tuple[float, tuple[float, float]]:
+    """The median of per-cycle differences, in microseconds, and its 90 % interval: a bootstrap
+    that resamples whole sets of models (`sets`: each cycle's), their cycles together (a set's
+    models keep their own cost for as long as they live: cycles of one set are not
+    independent draws)."""
     us = seconds * 1e6
-    medians = np.median(rng.choice(us, (draws, us.size)), axis=1)
+    medians = [np.median(us[pick]) for pick in _set_draws(sets, draws)]
     low, high = np.percentile(medians, [5, 95])
     return float(np.median(us)), (float(low), float(high))
 
 
-def _share_interval(sdk: np.ndarray, prof: np.ndarray, draws: int = 2000) -> tuple[float, float]:
-    """Bootstrap 90 % interval of median(sdk) / median(prof), cycles resampled together."""
-    rng = np.random.default_rng(0)
-    pick = rng.integers(0, sdk.size, (draws, sdk.size))
-    shares = np.median(sdk[pick], axis=1) / np.median(prof[pick], axis=1)
+def _share_interval(
+    sdk: np.ndarray, prof: np.ndarray, sets: np.ndarray, draws: int = 2000
+) -> tuple[float, float]:
+    """Bootstrap 90 % interval of median(sdk) / median(prof), whole sets resampled."""
+    shares = [np.median(sdk[pick]) / np.median(prof[pick]) for pick in _set_draws(sets, draws)]
     low, high = np.percentile(shares, [5, 95])
     return float(low), float(high)
+
+
+def _set_draws(sets: np.ndarray, draws: int) -> list[np.ndarray]:
+    """`draws` bootstrap samples of cycle indices: as many sets as there are, drawn with
+    replacement, each with all its cycles."""
+    rng = np.random.default_rng(0)
+    ids = np.unique(sets)
+    members = [np.flatnonzero(sets == i) for i in ids]
+    return [
+        np.concatenate([members[j] for j in rng.integers(0, ids.size, ids.size)])
+        for _ in range(draws)
+    ]

@@ -33,9 +33,11 @@ hook) and one with torch's own default comm hook alone. A cycle is one step of e
 shuffled order: bare models A and B, the SDK's model, the third bare model under
 torch.profiler (default activities: CPU here; started before that step and stopped after it,
 outside its timing) and the default hook's model. A model of its own each: every model's
-state is as cold in the caches as the others'. Two models built alike differ by up to ~130 µs
-a step for as long as they live, so a fresh set is built every 100 cycles (its first cycle,
-which builds DDP's buckets, not measured). Per cycle, a step's training-thread CPU
+state is as cold in the caches as the others'. Two models built alike differ by hundreds of
+µs a step for as long as they live (where their memory lies, which follows the order they were
+built in), so a fresh set is built every 25 cycles, its models in a new shuffled order each
+time (its first cycle, which builds DDP's buckets, not measured), and the intervals below
+resample whole sets, not cycles. Per cycle, a step's training-thread CPU
 (time.thread_time) less the mean of the two bare steps' is that step's extra cost; the medians
 over cycles are sdk_step_cpu_us and profiler_step_cpu_us (with bootstrap 90 % intervals), and
 sdk_cpu_share_of_profiler is their ratio. B less A (cpu_aa_us) is the method's own noise.
@@ -111,10 +113,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_report  # bench/overhead_report.py, beside this script
 from overhead_report import CPU_KINDS, MODES
 
-# Two models built alike differ in training-thread CPU per step by up to ~130 us for as long as
-# they live (where their memory lies): the in-place measurement builds a fresh set of models
-# every this many cycles, so that this bias varies across the run and its medians average it.
-REBUILD_CYCLES = 100
+# Two models built alike differ in training-thread CPU per step by hundreds of us for as long
+# as they live (where their memory lies): one set's median per model, over its 25 cycles,
+# spread by 0.5-0.8 ms (standard deviation) across 48 sets, and in that run the models built
+# first and second, bare or the SDK's, cost ~200 us a step more than those built later (a
+# trend only at that spread). So the in-place measurement builds a fresh set of models every
+# this many cycles, in a new shuffled order each time, so that this bias varies across the run
+# and its medians average it, and its intervals resample whole sets (overhead_report.py). With
+# the order fixed (the bare pair first, the SDK's model third) and 100 cycles a set, the bare
+# pair's A/A (B less A) read -19 to -96 us in each of three runs.
+REBUILD_CYCLES = 25
 DEFAULT_WORKLOADS = ("250ms=256x128x10", "40ms=256x32x4")
 # Run lengths: (full, --quick); an explicit option wins over either.
 PRESETS = {
@@ -381,9 +389,17 @@ def _step_cpu(
     thread CPU and their CPU on other threads except the SDK's own (all lists of seconds, one
     per cycle), the profiler's stop per profiled step, and the SDK threads' CPU per SDK step."""
 
+    build_order = random.Random(1).shuffle
+    sets: list[int] = []  # per measured cycle: the set of models it ran (0, 1, ...)
+    built = 0
+
     def build() -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        nonlocal built
+        built += 1
         models = {}
-        for kind in CPU_KINDS:
+        kinds = list(CPU_KINDS)
+        build_order(kinds)  # where each kind's memory lies: a new order each set
+        for kind in kinds:
             ddp = torch.nn.parallel.DistributedDataParallel(
                 _model(w.hidden, args.layers), process_group=solo
             )
@@ -432,11 +448,14 @@ def _step_cpu(
             if not first:
                 own[kind].append(t1 - t0)
                 other[kind].append((p1 - p0) - (t1 - t0) - (s1 - s0))
+        if not first:
+            sets.append(built - 1)
     sdk_total = sdk_threads() - sdk_start
     vigil.agent.shutdown()
     return {
         "own": own,
         "other": other,
+        "sets": sets,
         "stop_s": statistics.median(stops[1:]),
         "sdk_threads_s": sdk_total / (i + 1),
     }
