@@ -34,8 +34,8 @@ shuffled order: bare models A and B, the SDK's model, the third bare model under
 torch.profiler (default activities: CPU here; started before that step and stopped after it,
 outside its timing) and the default hook's model. A model of its own each: every model's
 state is as cold in the caches as the others'. Two models built alike differ by hundreds of
-µs a step for as long as they live (where their memory lies, which follows the order they were
-built in), so a fresh set is built every 25 cycles, its models in a new shuffled order each
+µs a step for as long as they live (where their memory lies; the order a set is built in may
+place it), so a fresh set is built every 25 cycles, its models in a new shuffled order each
 time (its first cycle, which builds DDP's buckets, not measured), and the intervals below
 resample whole sets, not cycles. Per cycle, a step's training-thread CPU
 (time.thread_time) less the mean of the two bare steps' is that step's extra cost; the medians
@@ -387,7 +387,8 @@ def _step_cpu(
     one-member group: no peer to wait for, and the other ranks idle meanwhile), in cycles of
     one step of each kind in a shuffled order. Returns per kind the measured steps' training-
     thread CPU and their CPU on other threads except the SDK's own (all lists of seconds, one
-    per cycle), the profiler's stop per profiled step, and the SDK threads' CPU per SDK step."""
+    per cycle), each cycle's set of models (`sets`: what the intervals resample), the
+    profiler's stop per profiled step, and the SDK threads' CPU per SDK step."""
 
     build_order = random.Random(1).shuffle
     sets: list[int] = []  # per measured cycle: the set of models it ran (0, 1, ...)
