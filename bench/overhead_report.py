@@ -84,22 +84,24 @@ def cpu_report(w: Workload, step_cpu: dict[str, Any], cycles: int) -> dict[str, 
     """Print the in-place CPU figures; theirs for the JSON line."""
     own = {kind: np.asarray(v) for kind, v in step_cpu["own"].items()}
     other = {kind: np.asarray(v) for kind, v in step_cpu["other"].items()}
-    sets = np.asarray(step_cpu["sets"])  # per cycle, its set of models: what intervals resample
+    # Bootstrap draws of whole sets of models (each cycle's set: step_cpu["sets"]), made once
+    # and shared by every interval below.
+    draws = _set_draws(np.asarray(step_cpu["sets"]))
     base = (own["plain"] + own["plain_b"]) / 2  # per cycle: the two bare steps' mean
     sdk_d, prof_d = own["sdk"] - base, own["profiler"] - base
     floor_d = own["ddp_hook"] - base
     aa_d = own["plain_b"] - own["plain"]
-    sdk_us, sdk_90 = _median_interval(sdk_d, sets)
-    prof_us, prof_90 = _median_interval(prof_d, sets)
-    aa_us, aa_90 = _median_interval(aa_d, sets)
-    share_90 = _share_interval(sdk_d, prof_d, sets)
+    sdk_us, sdk_90 = _median_interval(sdk_d, draws)
+    prof_us, prof_90 = _median_interval(prof_d, draws)
+    aa_us, aa_90 = _median_interval(aa_d, draws)
+    share_90 = _share_interval(sdk_d, prof_d, draws)
     share = sdk_us / prof_us if prof_us > 0 else float("nan")
-    floor_us, floor_90 = _median_interval(floor_d, sets)
-    beyond_us, beyond_90 = _median_interval(sdk_d - floor_d, sets)
+    floor_us, floor_90 = _median_interval(floor_d, draws)
+    beyond_us, beyond_90 = _median_interval(sdk_d - floor_d, draws)
     beyond_share = beyond_us / prof_us if prof_us > 0 else float("nan")
     other_base = (other["plain"] + other["plain_b"]) / 2
-    sdk_other_us, _ = _median_interval(other["sdk"] - other_base, sets)
-    prof_other_us, _ = _median_interval(other["profiler"] - other_base, sets)
+    sdk_other_us, _ = _median_interval(other["sdk"] - other_base, draws)
+    prof_other_us, _ = _median_interval(other["profiler"] - other_base, draws)
     background_us = step_cpu["sdk_threads_s"] * 1e6
     stop_us = step_cpu["stop_s"] * 1e6
     sdk_all_us = sdk_us + sdk_other_us + background_us
@@ -241,30 +243,29 @@ def _interval(with_: list[float], without: list[float], draws: int = 2000) -> tu
 
 
 def _median_interval(
-    seconds: np.ndarray, sets: np.ndarray, draws: int = 2000
+    seconds: np.ndarray, draws: list[np.ndarray]
 ) -> tuple[float, tuple[float, float]]:
-    """The median of per-cycle differences, in microseconds, and its 90 % interval: a bootstrap
-    that resamples whole sets of models (`sets`: each cycle's), their cycles together (a set's
-    models keep their own cost for as long as they live: cycles of one set are not
-    independent draws)."""
+    """The median of per-cycle differences, in microseconds, and its 90 % interval over
+    `draws` (`_set_draws`: whole sets of models, their cycles together; a set's models keep
+    their own cost for as long as they live, so cycles of one set are not independent)."""
     us = seconds * 1e6
-    medians = [np.median(us[pick]) for pick in _set_draws(sets, draws)]
+    medians = [np.median(us[pick]) for pick in draws]
     low, high = np.percentile(medians, [5, 95])
     return float(np.median(us)), (float(low), float(high))
 
 
 def _share_interval(
-    sdk: np.ndarray, prof: np.ndarray, sets: np.ndarray, draws: int = 2000
+    sdk: np.ndarray, prof: np.ndarray, draws: list[np.ndarray]
 ) -> tuple[float, float]:
-    """Bootstrap 90 % interval of median(sdk) / median(prof), whole sets resampled."""
-    shares = [np.median(sdk[pick]) / np.median(prof[pick]) for pick in _set_draws(sets, draws)]
+    """Bootstrap 90 % interval of median(sdk) / median(prof) over `draws` (`_set_draws`)."""
+    shares = [np.median(sdk[pick]) / np.median(prof[pick]) for pick in draws]
     low, high = np.percentile(shares, [5, 95])
     return float(low), float(high)
 
 
-def _set_draws(sets: np.ndarray, draws: int) -> list[np.ndarray]:
-    """`draws` bootstrap samples of cycle indices: as many sets as there are, drawn with
-    replacement, each with all its cycles."""
+def _set_draws(sets: np.ndarray, draws: int = 2000) -> list[np.ndarray]:
+    """`draws` bootstrap samples of cycle indices (`sets`: each cycle's set of models): as
+    many sets as there are, drawn with replacement, each with all its cycles."""
     rng = np.random.default_rng(0)
     ids = np.unique(sets)
     members = [np.flatnonzero(sets == i) for i in ids]

@@ -90,12 +90,13 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     c = {k: np.array(v) for k, v in cpu.items()}
     base = (c["bare_a"] + c["bare_b"]) / 2
-    cycles = np.arange(base.size)  # one set of models throughout: cycles resampled alone
+    # One set of models throughout: cycles resampled alone.
+    draws = overhead_report._set_draws(np.arange(base.size))
     interval = overhead_report._median_interval
-    saved, saved_90 = interval(c["at_launch"] - c["deferred"], cycles)
-    deferred, deferred_90 = interval(c["deferred"] - base, cycles)
-    at_launch, at_launch_90 = interval(c["at_launch"] - base, cycles)
-    aa, aa_90 = interval(c["bare_b"] - c["bare_a"], cycles)
+    saved, saved_90 = interval(c["at_launch"] - c["deferred"], draws)
+    deferred, deferred_90 = interval(c["deferred"] - base, draws)
+    at_launch, at_launch_90 = interval(c["at_launch"] - base, draws)
+    aa, aa_90 = interval(c["bare_b"] - c["bare_a"], draws)
     buckets = float(np.median(counts)) if counts else 0.0
     print(f"training-thread CPU per step, in place ({args.cycles} cycles; a bare step "
           f"{np.median(base) * 1e3:.2f} ms; {buckets:.1f} buckets a step):")  # fmt: skip

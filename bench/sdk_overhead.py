@@ -392,11 +392,8 @@ def _step_cpu(
 
     build_order = random.Random(1).shuffle
     sets: list[int] = []  # per measured cycle: the set of models it ran (0, 1, ...)
-    built = 0
 
     def build() -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
-        nonlocal built
-        built += 1
         models = {}
         kinds = list(CPU_KINDS)
         build_order(kinds)  # where each kind's memory lies: a new order each set
@@ -450,7 +447,7 @@ def _step_cpu(
                 own[kind].append(t1 - t0)
                 other[kind].append((p1 - p0) - (t1 - t0) - (s1 - s0))
         if not first:
-            sets.append(built - 1)
+            sets.append(i // (REBUILD_CYCLES + 1))
     sdk_total = sdk_threads() - sdk_start
     vigil.agent.shutdown()
     return {

@@ -45,8 +45,9 @@ def test_a_draw_takes_whole_sets() -> None:
 def test_the_interval_is_as_wide_as_the_spread_between_sets() -> None:
     report = _report()
     seconds, sets = _sets_with_offsets()
-    median, (low, high) = report._median_interval(seconds, sets)
-    _, (cycle_low, cycle_high) = report._median_interval(seconds, np.arange(sets.size))
+    median, (low, high) = report._median_interval(seconds, report._set_draws(sets))
+    cycles = report._set_draws(np.arange(sets.size))
+    _, (cycle_low, cycle_high) = report._median_interval(seconds, cycles)
     # The set effects' standard error over 48 sets: ~300 / sqrt(48) = ~43 us; a 90 % interval
     # spans ~3.3 of it. Cycles resampled alone see ~100-300 us / sqrt(1,200): far narrower.
     assert high - low > 80.0
@@ -58,7 +59,7 @@ def test_the_share_interval_resamples_the_same_sets_for_both_medians() -> None:
     report = _report()
     sdk, sets = _sets_with_offsets(1)
     profiler = 2500e-6 + sdk * 0.0  # a profiler cost without set effects
-    low, high = report._share_interval(sdk, profiler, sets)
+    low, high = report._share_interval(sdk, profiler, report._set_draws(sets))
     share = float(np.median(sdk) / np.median(profiler))
     assert low < share < high
     assert high - low > 0.03  # the sets' spread (~0.12 / 2.5 ms over 48 sets), not the cycles'
