@@ -52,12 +52,15 @@ def _spread(values: list[float]) -> str:
 
 
 def one_recovery() -> dict[str, float]:
-    with running(NS, nodes=PODS + 2, replicas=PODS) as (cluster, fake):
+    with (
+        running(NS, nodes=PODS + 2, replicas=PODS) as (cluster, fake),
+        tempfile.TemporaryDirectory() as scratch,
+    ):
         fake.finish_generation = 1
         # The executor's default wait interval; 64 pods recreated by the fake take a while on
         # a loaded machine, which the 20 s of the tests' executor does not allow.
         ex = executor(cluster, poll_s=0.5, restart_timeout_s=180.0)
-        book = k8s_journal.AnnotationJournal(ex.store)
+        book = k8s_journal.AnnotationJournal(ex.store, Path(scratch))
         layout = ex.placement()
         findings = Once([straggler("node-7")])
         checkpoint = SdkCheckpoint(cluster)
