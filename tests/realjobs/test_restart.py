@@ -48,6 +48,7 @@ def found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
                 "OMP_NUM_THREADS": "1",
             }
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd += ["--log-dir", str(base / "torchrun")]  # not a fresh folder left in /tmp
             cmd += ["--nproc-per-node", "4", "--max-restarts", "1", restart_job.__file__]
             cmd += ["--checkpoint", str(saves), "--crash", crash]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

@@ -40,6 +40,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for mode in MODES:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--log-dir", str(base / "torchrun")]  # not a fresh folder left in /tmp
         cmd += ["--nproc-per-node", "4", str(SCRIPT), "--mode", mode]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         # Every mode ends in failed ranks: torchrun reports the job failed.

@@ -56,6 +56,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    cmd += ["--log-dir", str(base / "torchrun")]  # not a fresh folder left in /tmp
     cmd += [str(SCRIPT), "--cases", str(cases), "--record", str(record), "--compile"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
