@@ -24,6 +24,7 @@ import torch
 
 from vigil import schema
 from vigil.agent import collectives, config, progress, sinks, watchdog
+from vigil.agent.phases import PhaseSums
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,7 @@ class EndedStep(NamedTuple):
     end: float
     tokens: int
     loss: Any  # a number, a detached scalar tensor or None
-    forward_s: float
-    backward_s: float
-    optimizer_s: float
+    phases: PhaseSums
     blocked_s: float
     aggs: collectives.StepAggregates
     spans: dict[str, float]
@@ -51,7 +50,6 @@ class EndedStep(NamedTuple):
     cpu_wait_s: float = 0.0  # the training thread's wait for a CPU over the step (cpuwait.py)
     # On CUDA: (launch event, end event, device) of each "data" span (see `data_time`).
     data_events: tuple[tuple[Any, Any, int], ...] = ()
-    forward_cpu_wait_s: float = 0.0  # the part of `cpu_wait_s` inside watched forward passes
 
 
 class Background:
@@ -153,7 +151,7 @@ class Background:
             if data_s is None or not self._recorder.release(e.step, force=late):
                 break  # the next interval
             ended.popleft()
-            spans = e.spans
+            spans, phases = e.spans, e.phases
             self._queue.put(
                 schema.StepRecord(
                     job_id=cfg.job,
@@ -162,9 +160,9 @@ class Background:
                     start_s=e.start + self._wall_offset,
                     end_s=e.end + self._wall_offset,
                     data_s=data_s,
-                    forward_s=e.forward_s + spans.get("forward", 0.0),
-                    backward_s=e.backward_s + spans.get("backward", 0.0),
-                    optimizer_s=e.optimizer_s + spans.get("optimizer", 0.0),
+                    forward_s=phases.forward_s + spans.get("forward", 0.0),
+                    backward_s=phases.backward_s + spans.get("backward", 0.0),
+                    optimizer_s=phases.optimizer_s + spans.get("optimizer", 0.0),
                     comm_wait_s=e.blocked_s + collectives.exposed_s(e.aggs),
                     tokens=max(0, e.tokens),
                     model_flops=flops_per_token * e.tokens,
@@ -173,7 +171,10 @@ class Background:
                     peak_memory_bytes=self.peak_memory_bytes,
                     cpu_wait_s=e.cpu_wait_s,
                     # Unknown (0) where a "forward" span timed part of the forward time.
-                    forward_cpu_wait_s=0.0 if "forward" in spans else e.forward_cpu_wait_s,
+                    forward_cpu_wait_s=0.0 if "forward" in spans else phases.forward_cpu_wait_s,
+                    pipeline_s=phases.pipeline_s,
+                    pipeline_cpu_wait_s=phases.pipeline_cpu_wait_s,
+                    pipeline_comm_wait_s=phases.pipeline_comm_wait_s,
                 )
             )
             self._queue.extend(

@@ -2,7 +2,9 @@
 
 `PhaseTimer.watch(model, optimizer)` installs:
 - a forward pre-hook and forward hook on the root module (forward time, summed over micro-batches);
-- optimizer step pre/post hooks (optimizer time).
+- optimizer step pre/post hooks (optimizer time);
+- where the process runs a `torch.distributed.pipelining` schedule, a wrapper of its `step`
+  (`schedules.py`: the time inside it, and the CPU wait there).
 Backward is the time from the end of a forward whose output needs gradients to the optimizer
 step, the next forward or the step's end, whichever comes first: it includes the loss
 computation. (A per-forward hook on the output's gradient would exclude the loss but costs the
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from vigil.agent import schedules
 
 
 def _first_grad_tensor(output: Any) -> torch.Tensor | None:
@@ -37,6 +41,18 @@ def _first_grad_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
+class PhaseSums(NamedTuple):
+    """One step's phase times (seconds)."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    forward_cpu_wait_s: float  # the thread's wait for a CPU inside forward passes
+    pipeline_s: float  # inside pipeline schedules' `step`
+    pipeline_cpu_wait_s: float  # ... waiting for a CPU in there
+    pipeline_comm_wait_s: float  # ... blocked in collectives in there (the recorder's time)
+
+
 class PhaseTimer:
     """Per-step sums of forward, backward and optimizer seconds for one watched model."""
 
@@ -46,11 +62,16 @@ class PhaseTimer:
         on_error: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
         cpu_wait: Callable[[], float] | None = None,
+        comm_blocked: Callable[[], float] | None = None,
     ) -> None:
         self._clock = clock
         self._cpu_wait = cpu_wait
+        self._comm_blocked = comm_blocked  # the step's blocked time in collectives so far
         self._on_error = on_error
         self._handles: list[Any] = []
+        self._pipelined = False  # this timer's `schedules.install` took
+        self._pipeline_depth = 0
+        self._pipeline_start = self._pipeline_wait_start = self._pipeline_blocked_start = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -58,12 +79,18 @@ class PhaseTimer:
         self.backward_s = 0.0
         self.optimizer_s = 0.0
         self.forward_cpu_wait_s = 0.0  # the thread's wait for a CPU inside forward passes
+        # Inside pipeline schedules' `step` (`schedules.py`): seconds, and of them the CPU wait
+        # and the time blocked in collectives (the stage's waits for its peers).
+        self.pipeline_s = 0.0
+        self.pipeline_cpu_wait_s = 0.0
+        self.pipeline_comm_wait_s = 0.0
         self._forward_wait_start = 0.0
         self._forward_start: float | None = None
         self._backward_start: float | None = None
         self._optimizer_start: float | None = None
 
     def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self._pipelined = schedules.install(self) or self._pipelined
         self._handles.append(model.register_forward_pre_hook(self._pre_forward))
         self._handles.append(model.register_forward_hook(self._post_forward))
         if optimizer is not None:
@@ -71,6 +98,9 @@ class PhaseTimer:
             self._handles.append(optimizer.register_step_post_hook(self._post_optimizer))
 
     def remove(self) -> None:
+        if self._pipelined:
+            schedules.uninstall(self)
+            self._pipelined = False
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -82,15 +112,63 @@ class PhaseTimer:
             self.backward_s += max(0.0, now - self._backward_start)
             self._backward_start = None
 
-    def take(self, now: float | None = None) -> tuple[float, float, float, float]:
-        """(forward_s, backward_s, optimizer_s, forward_cpu_wait_s) of the step that just ended
-        (at `now`); resets the sums."""
+    def take(self, now: float | None = None) -> PhaseSums:
+        """The sums of the step that just ended (at `now`); resets them. A schedule still
+        running (a step boundary inside it) counts up to `now` and on from there in the next
+        step (call before the recorder's `swap`, which restarts its blocked time)."""
         self.end_backward(now)
-        sums = (self.forward_s, self.backward_s, self.optimizer_s, self.forward_cpu_wait_s)
+        inside = self._pipeline_depth > 0
+        if inside:
+            now = self._clock() if now is None else now
+            self._add_pipeline(now)
+        sums = PhaseSums(
+            self.forward_s,
+            self.backward_s,
+            self.optimizer_s,
+            self.forward_cpu_wait_s,
+            self.pipeline_s,
+            self.pipeline_cpu_wait_s,
+            self.pipeline_comm_wait_s,
+        )
         self.reset()
         return sums
 
     # -- hooks (fail-open) ----------------------------------------------------------------
+    def enter_pipeline(self) -> None:
+        """A pipeline schedule's `step` begins (`schedules.py`; nested calls count once)."""
+        try:
+            self._pipeline_depth += 1
+            if self._pipeline_depth == 1:
+                self._pipeline_start = self._clock()
+                if self._cpu_wait is not None:
+                    self._pipeline_wait_start = self._cpu_wait()
+                if self._comm_blocked is not None:
+                    self._pipeline_blocked_start = self._comm_blocked()
+        except Exception as exc:
+            self._on_error(exc)
+
+    def leave_pipeline(self) -> None:
+        try:
+            if self._pipeline_depth <= 0:  # its enter failed
+                return
+            self._pipeline_depth -= 1
+            if self._pipeline_depth == 0:
+                self._add_pipeline(self._clock())
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _add_pipeline(self, now: float) -> None:
+        self.pipeline_s += max(0.0, now - self._pipeline_start)
+        self._pipeline_start = now
+        if self._cpu_wait is not None:
+            waited = self._cpu_wait()
+            self.pipeline_cpu_wait_s += max(0.0, waited - self._pipeline_wait_start)
+            self._pipeline_wait_start = waited
+        if self._comm_blocked is not None:
+            blocked = self._comm_blocked()
+            self.pipeline_comm_wait_s += max(0.0, blocked - self._pipeline_blocked_start)
+            self._pipeline_blocked_start = 0.0 if self._pipeline_depth else blocked  # see take
+
     def _pre_forward(self, _module: Any, _args: Any) -> None:
         try:
             now = self._clock()

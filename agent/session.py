@@ -131,7 +131,10 @@ class Session:
         )
         self._cpu_wait = cpuwait.ThreadCpuWait()
         self.phases = phases.PhaseTimer(
-            on_error=self.count_error, clock=clock, cpu_wait=self._cpu_wait.read
+            on_error=self.count_error,
+            clock=clock,
+            cpu_wait=self._cpu_wait.read,
+            comm_blocked=self._blocked_so_far,
         )
         self.current_step = -1
         self._in_step = False
@@ -288,7 +291,7 @@ class Session:
         self._in_step = False
         if self._flop_mode is not None:
             self._learn_flops(handle.tokens)
-        forward_s, backward_s, optimizer_s, forward_cpu_wait_s = self.phases.take(end)
+        sums = self.phases.take(end)  # before the recorder's swap (see take)
         aggs, blocked_s, collective_s = self.recorder.swap()
         start = self._step_start
         seconds = end - start
@@ -315,8 +318,8 @@ class Session:
             self.dropped_steps += 1
         ended.append(
             background.EndedStep(
-                handle.step, start, end, tokens, loss, forward_s, backward_s, optimizer_s,
-                blocked_s, aggs, spans, util, cpu_wait_s, data_events, forward_cpu_wait_s,
+                handle.step, start, end, tokens, loss, sums, blocked_s, aggs, spans, util,
+                cpu_wait_s, data_events,
             )
         )  # fmt: skip
         looking = self._cuda_device is None and self._cuda_built
@@ -336,6 +339,9 @@ class Session:
         )
         if self._requests or self.page.control_seq() != self._control_seq:
             self._run_control()
+
+    def _blocked_so_far(self) -> float:
+        return self.recorder.blocked_s
 
     def _learn_flops(self, tokens: int) -> None:
         counter, self._flop_mode = self._flop_mode, None

@@ -100,6 +100,9 @@ class StepPublic(BaseModel):
     peak_memory_bytes: int
     cpu_wait_s: float | None = None
     forward_cpu_wait_s: float | None = None
+    pipeline_s: float | None = None
+    pipeline_cpu_wait_s: float | None = None
+    pipeline_comm_wait_s: float | None = None
 
 
 class RankAggregatePublic(BaseModel):

@@ -94,6 +94,11 @@ step_records = Table(
     Column("cpu_wait_s", Double, nullable=False, server_default="0"),
     # Added by revision 0008: the part of that wait inside forward passes (0: unknown).
     Column("forward_cpu_wait_s", Double, nullable=False, server_default="0"),
+    # Added by revision 0009: time inside pipeline schedules, and the CPU and collective waits
+    # there (0: none).
+    Column("pipeline_s", Double, nullable=False, server_default="0"),
+    Column("pipeline_cpu_wait_s", Double, nullable=False, server_default="0"),
+    Column("pipeline_comm_wait_s", Double, nullable=False, server_default="0"),
 )
 
 # Rank-major columns of one step's chunk of 1,024 ranks (little-endian float64 arrays indexed by

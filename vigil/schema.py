@@ -190,6 +190,13 @@ class StepRecord(_Record, tag="step", kw_only=True):
     # Of that wait, the part inside the watched model's forward passes (their module hooks; 0
     # where unknown: no watched forward ran, or a "forward" span timed part of it).
     forward_cpu_wait_s: NonNegFloat = 0.0
+    # Of the step's time, how long the training thread was inside a pipeline schedule's `step`
+    # (torch.distributed.pipelining; 0 where none ran), its CPU wait in there, and its time
+    # blocked in collectives in there: a stage waits for its peers inside, so its time outside,
+    # less its waits there, is its own.
+    pipeline_s: NonNegFloat = 0.0
+    pipeline_cpu_wait_s: NonNegFloat = 0.0
+    pipeline_comm_wait_s: NonNegFloat = 0.0  # ... and its time blocked in collectives in there
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:

@@ -30,6 +30,7 @@ import torch
 from vigil import schema
 from vigil.agent import background, collectives, config, sinks
 from vigil.agent import mfu as mfu_mod
+from vigil.agent.phases import PhaseSums
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -165,8 +166,10 @@ class RankSdk:
         data = {"data": float(times.data_end[r]) - start}
         self._ended.append(
             background.EndedStep(
-                step, self._mono(start), self._mono(end), TOKENS, 2.0, float(times.forward_s[r]),
-                float(times.backward_s[r]), float(times.optimizer_s[r]), blocked, aggs, data, util,
+                step, self._mono(start), self._mono(end), TOKENS, 2.0,
+                PhaseSums(float(times.forward_s[r]), float(times.backward_s[r]),
+                          float(times.optimizer_s[r]), 0.0, 0.0, 0.0, 0.0),
+                blocked, aggs, data, util,
             )
         )  # fmt: skip
         self._flusher.settle()
