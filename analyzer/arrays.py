@@ -75,6 +75,9 @@ class StepArrays:
     # The part of cpu_wait_s inside those forward passes (StepRecord.forward_cpu_wait_s; 0
     # unknown); None: not known.
     forward_cpu_wait_s: F32 | None = None
+    # A pipeline stage's own time outside its schedule (`pipeline_own`); NaN where no pipeline
+    # schedule was timed; None: not known.
+    pipeline_own_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
     _known_compute: F32 | None = field(default=None, repr=False, compare=False)
 
@@ -199,6 +202,25 @@ def from_records(records: Iterable[schema.Record], *, job_id: str | None = None)
     return _assemble(str(job_id), steps, aggs, infos, samples, job)
 
 
+def pipeline_own(
+    step_time: npt.NDArray[np.float64],
+    data: npt.NDArray[np.float64],
+    comm_wait: npt.NDArray[np.float64],
+    cpu_wait: npt.NDArray[np.float64],
+    pipeline: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """A pipeline stage's own time outside its schedule, per step record: its step less the
+    time inside pipeline schedules (`pipeline` columns: StepRecord.pipeline_s,
+    pipeline_cpu_wait_s, pipeline_comm_wait_s), its data time, and its waits outside the
+    schedule (blocked in collectives, e.g. a gradient norm's all-reduce across stages; waiting
+    for a CPU). A stage waits for its peers inside its schedule: a peer slowed elsewhere makes
+    it wait there, not here. NaN where no schedule was timed (0 inside)."""
+    inside, inside_cpu, inside_comm = pipeline[:, 0], pipeline[:, 1], pipeline[:, 2]
+    outside_waits = np.fmax(comm_wait - inside_comm, 0.0) + np.fmax(cpu_wait - inside_cpu, 0.0)
+    own = np.fmax(step_time - inside - data - outside_waits, 0.0)
+    return np.where(inside > 0, own, np.nan)
+
+
 def _assemble(
     job_id: str,
     steps: Sequence[schema.StepRecord],
@@ -222,6 +244,9 @@ def _assemble(
                 s.cpu_wait_s,
                 s.forward_s,
                 s.forward_cpu_wait_s,
+                s.pipeline_s,
+                s.pipeline_cpu_wait_s,
+                s.pipeline_comm_wait_s,
             )
             for s in steps
         ],
@@ -279,6 +304,9 @@ def _assemble(
         cpu_wait_s=scatter(raw[:, 9]),
         forward_s=scatter(raw[:, 10]),
         forward_cpu_wait_s=scatter(raw[:, 11]),
+        pipeline_own_s=scatter(
+            pipeline_own(step_time, raw[:, 4], raw[:, 5], raw[:, 9], raw[:, 12:15])
+        ),
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,

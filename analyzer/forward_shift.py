@@ -49,6 +49,8 @@ class Shift:
 
     flags: robust.BoolArray
     share: robust.FloatArray
+    # Where the share is a pipeline stage's time outside its schedule (`outside_shift`).
+    outside: robust.BoolArray
 
 
 def history_rows(cfg: config_mod.StragglerConfig) -> int:
@@ -121,7 +123,41 @@ def shift(
             net = net * robust.nanmedian(a.tokens, 1, keepdims=True)
     with np.errstate(invalid="ignore"):
         share = net / step_time
-        return Shift(flags=share >= cfg.min_shift, share=share)
+        outside = outside_shift(a, cfg)
+        outside_share = np.full_like(share, np.nan) if outside is None else outside / step_time
+        larger = outside_share > share
+        larger |= np.isnan(share) & np.isfinite(outside_share)
+        share = np.where(larger, outside_share, share)  # the larger (NaN where neither is known)
+        return Shift(flags=share >= cfg.min_shift, share=share, outside=larger)
+
+
+def outside_shift(
+    a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig
+) -> robust.FloatArray | None:
+    """[steps, ranks]: each pipeline stage's change in its own time outside its schedule
+    (`StepArrays.pipeline_own_s`: its step less the schedule, its data time and its waits
+    outside), less the median change of the other stages, in seconds; None where no schedule
+    was timed. A stage slowed outside its schedule (after its optimizer step, in its own code
+    between steps) starts its next schedule late: its peers wait for it inside theirs, where
+    none of them count, and its forward time does not grow. Its waits are measured, not
+    attributed, so none of their growth is taken out (as for the forward pass) and no rank's
+    noisy waits for its peers enter it. A shift within `outside_noise_ratio` times the stage's
+    usual step-to-step change there (jitter outside the schedule) reads as no shift (0)."""
+    own = a.pipeline_own_s
+    if own is None or not bool(np.isfinite(own).any()):
+        return None
+    change = _change(own, cfg)
+    with np.errstate(all="ignore"):
+        net = change - robust.others_median(change)
+        # Its usual step-to-step change there (the trimmed mean of |x[t] - x[t-1]|, which
+        # leaves a shift's one large step out): the larger of its level now and before the
+        # current window (jitter that began within it, for every stage at once, is noise too).
+        moved = np.full(own.shape, np.nan, dtype=np.float32)
+        moved[1:] = np.abs(np.diff(own, axis=0))
+        now = robust.rolling_trimmed_mean(moved, cfg.smooth_steps)
+        usual = np.fmax(levels(moved, cfg, now), now)
+        quiet = net >= cfg.outside_noise_ratio * np.nan_to_num(usual, nan=np.inf)
+        return np.where(quiet, net, np.fmin(net, 0.0)).astype(np.float64)
 
 
 def forward_cpu_wait(a: arrays_mod.StepArrays) -> robust.FloatArray | None:

@@ -433,18 +433,20 @@ class JobStream:
         return out
 
     def _still_shifted(self, finding: schema.Finding, cols: list[int]) -> bool:
-        """Whether a forward-shift finding's rank is still slow: its forward shift is measured
-        against its own earlier steps, which come to hold the slow ones (`forward_shift.py`)
-        and end its flags while the rank stays slow. It stays open while the rank's forward
-        time (its last `smooth_steps` steps' trimmed mean) keeps at least half its reported
-        excess over its earlier forward time."""
+        """Whether a shift finding's rank is still slow: its shift (of its forward time, or of
+        its time outside a pipeline schedule) is measured against its own earlier steps, which
+        come to hold the slow ones (`forward_shift.py`) and end its flags while the rank stays
+        slow. It stays open while the rank's signal (its last `smooth_steps` steps' trimmed
+        mean) keeps at least half its reported excess over its earlier level."""
         head = finding.evidence[0] if finding.evidence else None
-        if head is None or head.metric != "forward_time" or head.baseline is None:
+        field = stragglers.OWN_FIELDS.get(head.metric) if head is not None else None
+        if head is None or field is None or head.baseline is None:
             return False
         a = self.window.view(self.analysed[-self.cfg.straggler.smooth_steps :])
-        if a.forward_s is None:
+        values = getattr(a, field)
+        if values is None:
             return False
-        recent = robust.trimmed_mean_last(a.forward_s[:, cols], self.cfg.straggler.smooth_steps)
+        recent = robust.trimmed_mean_last(values[:, cols], self.cfg.straggler.smooth_steps)
         with np.errstate(invalid="ignore"):
             return bool(np.all(recent > head.baseline + 0.5 * (head.observed - head.baseline)))
 

@@ -64,6 +64,9 @@ class Scores:
     # not (`forward_shift.py`): a compute straggler among ranks doing different work.
     forward: robust.BoolArray
     forward_z: robust.FloatArray
+    # Of those, the cells whose shift is a pipeline stage's time outside its schedule
+    # (`forward_shift.outside_shift`), not its forward pass.
+    outside: robust.BoolArray
 
     def rows(self, start: int, stop: int) -> Scores:
         """The scores of rows [start, stop) (views, not copies)."""
@@ -170,7 +173,9 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         shifted = forward_shift.shift(a, reference, cfg)
     if shifted is None:
         f_flags, f_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
+        f_outside = np.zeros_like(c_flags)
     else:
+        f_outside = shifted.outside[rows]
         # Its strength, for the finding's confidence: the shift in `min_shift`s, at the
         # outlier threshold where it is one.
         f_z = (shifted.share[rows] * (cfg.z_threshold / cfg.min_shift)).astype(c_z.dtype)
@@ -187,6 +192,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         cpu_z=cpu_z,
         forward=f_flags & ~d_flags,
         forward_z=f_z,
+        outside=f_outside,
     )
     scored = c_z.shape[0]  # span, or fewer at a job's start
     return scores.rows(scored - last, scored) if scored > last > 0 else scores
@@ -338,7 +344,7 @@ def detect(
             ):
                 extra: list[schema.Evidence] = []
                 spread: shape.Shape | None = None  # the episode's shape, once read
-                own: float | None = None  # a forward shift's own earlier forward time
+                own: Own | None = None  # a shift's signal and its own earlier level
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
                     began = float(a.step_start_s[first])
                     if began_s is not None and col < began_s.size:
@@ -350,10 +356,10 @@ def detect(
                 elif kind is Kind.STRAGGLER and _shifted(scores, slice(first, last + 1), col):
                     # Its claim is its own change, against its peers' (forward_shift.py): its
                     # peers' compute, doing other work, is no yardstick for its evidence.
-                    own = _earlier_forward(a, first, col, cfg)
+                    own = _own_signal(a, scores, first, last, col, cfg)
                     if own is None:
                         continue
-                    spread = _forward_spread(a, slice(first, last + 1), col, own)
+                    spread = _own_spread(a, slice(first, last + 1), col, own)
                 elif kind is Kind.STRAGGLER:
                     if x is None:
                         x = excess.scores(a, stage_groups(a.stages), cfg)
@@ -426,11 +432,11 @@ def rank_finding(
     extra: Sequence[schema.Evidence] = (),
     *,
     spread: shape.Shape | None = None,
-    own: float | None = None,
+    own: Own | None = None,
 ) -> schema.Finding:
     """A finding about one rank's episode over rows first..last (detected at row `at`), with
     `extra` evidence last; `spread`: its shape where already read (`_spread` of those rows);
-    `own`: for a forward shift, the rank's own earlier forward time (`_earlier_forward`)."""
+    `own`: for a shift, its signal and the rank's own earlier level of it (`_own_signal`)."""
     rows = slice(first, last + 1)
     rank = int(a.ranks[col])
     flags = scores.flags(kind)[rows, col]
@@ -441,8 +447,8 @@ def rank_finding(
     # A step no rank timed (NaN) drops out, silently: the warning would reach the user's stderr.
     baseline = float(robust.nanmedian(robust.nanmedian(values[rows], 1), 0))
     note = f"median over steps; robust z {z:.1f}"
-    if own is not None and a.forward_s is not None:
-        values, label, baseline = a.forward_s, "forward_time", own
+    if own is not None:
+        values, label, baseline = own.values, own.label, own.baseline
         shifted = scores.forward[rows, col]
         strength = scores.forward_z[rows, col][shifted] if shifted.any() else np.zeros(1)
         shift = float(np.nanmedian(strength)) * cfg.min_shift / cfg.z_threshold
@@ -465,7 +471,7 @@ def rank_finding(
     against = shape.PEERS if own is None else shape.OWN
     ev.extend(shape.evidence(spread, against))
     if own is not None:
-        ev.append(_peers_shift(a, rows, col, first, cfg))
+        ev.append(_peers_shift(rows, col, first, own, cfg))
     note = ""
     if kind is Kind.STRAGGLER:
         ev.extend(_arrival_evidence(a, rows, col))
@@ -531,45 +537,91 @@ def _shifted(scores: Scores, rows: slice, col: int) -> bool:
     )
 
 
-def _earlier_forward(
-    a: arrays_mod.StepArrays, first: int, col: int, cfg: config_mod.StragglerConfig
-) -> float | None:
-    """Column `col`'s forward time before its episode: the median of the 3 smoothing windows
-    of steps before the one of its first flagged row (what its shift was measured against);
-    None where none of them is known."""
-    if a.forward_s is None:
+@dataclass(frozen=True)
+class Own:
+    """What a shift compares (`forward_shift.py`): `values` [steps, ranks], named `label` in
+    its evidence, and the rank's own level of it before its episode (`baseline`)."""
+
+    values: robust.FloatArray
+    label: str
+    baseline: float
+
+
+# The shift's signals: a forward pass's time, or a pipeline stage's own time outside its
+# schedule (`StepArrays.pipeline_own_s`), with what the peers' evidence calls them.
+_OWN_SIGNALS = {
+    "forward_time": ("forward_s", "peers_forward_ratio", "forward time"),
+    "outside_pipeline_time": (
+        "pipeline_own_s",
+        "peers_outside_pipeline_ratio",
+        "own time outside the pipeline schedule",
+    ),
+}
+
+
+# Each shift signal's evidence metric -> its StepArrays field.
+OWN_FIELDS = {label: field for label, (field, _, _) in _OWN_SIGNALS.items()}
+
+
+def _own_signal(
+    a: arrays_mod.StepArrays,
+    scores: Scores,
+    first: int,
+    last: int,
+    col: int,
+    cfg: config_mod.StragglerConfig,
+) -> Own | None:
+    """The signal that flagged most of column `col`'s shifted rows (its forward time, or its
+    time outside a pipeline schedule) and its level before the episode; None where unknown."""
+    rows = slice(first, last + 1)
+    shifted = scores.forward[rows, col]
+    outside = int((shifted & scores.outside[rows, col]).sum())
+    label = "outside_pipeline_time" if 2 * outside > int(shifted.sum()) else "forward_time"
+    values = getattr(a, _OWN_SIGNALS[label][0])
+    if values is None:
         return None
+    baseline = _earlier(values, first, col, cfg)
+    return None if baseline is None else Own(values, label, baseline)
+
+
+def _earlier(
+    values: robust.FloatArray, first: int, col: int, cfg: config_mod.StragglerConfig
+) -> float | None:
+    """Column `col`'s level of `values` before its episode: the median of the 3 smoothing
+    windows of steps before the one of its first flagged row (what its shift was measured
+    against); None where none of them is known."""
     end = max(first - cfg.smooth_steps + 1, 0)
-    before = a.forward_s[max(end - 3 * cfg.smooth_steps, 0) : end, col]
+    before = values[max(end - 3 * cfg.smooth_steps, 0) : end, col]
     before = before[np.isfinite(before) & (before > 0)]
     return float(np.median(before)) if before.size else None
 
 
-def _forward_spread(a: arrays_mod.StepArrays, rows: slice, col: int, own: float) -> shape.Shape:
-    """A forward shift's shape: its forward time over its own earlier one (`shape.of`)."""
-    assert a.forward_s is not None
-    forward = a.forward_s[rows, col].astype(np.float64)
+def _own_spread(a: arrays_mod.StepArrays, rows: slice, col: int, own: Own) -> shape.Shape:
+    """A shift's shape: its signal over its own earlier level (`shape.of`)."""
+    mine = own.values[rows, col].astype(np.float64)
     with np.errstate(all="ignore"):
         step = robust.nanmedian(a.step_time_s[rows], 1)
-        return shape.of(forward / own, (forward - own) / step)
+        return shape.of(mine / own.baseline, (mine - own.baseline) / step)
 
 
 def _peers_shift(
-    a: arrays_mod.StepArrays, rows: slice, col: int, first: int, cfg: config_mod.StragglerConfig
+    rows: slice, col: int, first: int, own: Own, cfg: config_mod.StragglerConfig
 ) -> schema.Evidence:
-    """The other ranks' forward time over the episode against theirs before it: the median of
-    their ratios (a job-wide slowdown moves them alike)."""
+    """The other ranks' level of the shift's signal over the episode against theirs before
+    it: the median of their ratios (a job-wide slowdown moves them alike)."""
+    values = own.values
     ratios = [
-        float(np.nanmedian(a.forward_s[rows, c])) / before  # type: ignore[index]
-        for c in range(a.num_ranks)
-        if c != col and (before := _earlier_forward(a, first, c, cfg))
+        float(np.nanmedian(values[rows, c])) / before
+        for c in range(values.shape[1])
+        if c != col and (before := _earlier(values, first, c, cfg))
     ]
     finite = [r for r in ratios if np.isfinite(r)]
+    _, metric, what = _OWN_SIGNALS[own.label]
     return findings.evidence(
-        "peers_forward_ratio",
+        metric,
         float(np.median(finite)) if finite else float("nan"),
         1.0,
-        note="the other ranks' forward time against their own earlier steps (median)",
+        note=f"the other ranks' {what} against their own earlier steps (median)",
     )
 
 

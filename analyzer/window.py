@@ -33,6 +33,9 @@ _PICK = [
         "cpu_wait_s",
         "forward_s",
         "forward_cpu_wait_s",
+        "pipeline_s",
+        "pipeline_cpu_wait_s",
+        "pipeline_comm_wait_s",
     )
 ]
 _FIELDS = (
@@ -49,6 +52,7 @@ _FIELDS = (
     "cpu_wait_s",
     "forward_s",
     "forward_cpu_wait_s",
+    "pipeline_own_s",
 )
 # Filled from collective aggregates by attribution, per row, when a row is viewed.
 _ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
@@ -245,6 +249,9 @@ class StepWindow:
         d["cpu_wait_s"][row, col] = values[:, 9]
         d["forward_s"][row, col] = values[:, 10]
         d["forward_cpu_wait_s"][row, col] = values[:, 11]
+        d["pipeline_own_s"][row, col] = arrays_mod.pipeline_own(
+            step_time, values[:, 4], values[:, 5], values[:, 9], values[:, 12:15]
+        )
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
@@ -408,6 +415,7 @@ class StepWindow:
             cpu_wait_s=d["cpu_wait_s"],
             forward_s=d["forward_s"],
             forward_cpu_wait_s=d["forward_cpu_wait_s"],
+            pipeline_own_s=d["pipeline_own_s"],
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),

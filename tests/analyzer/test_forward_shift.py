@@ -17,10 +17,17 @@ shared cores), from `bench/faults.py`:
   --long`). From step ~1034 the scheduler kept rank 0's thread off a CPU in the middle of its
   forward pass: its forward time read 4.6x its earlier one in 8 of 9 steps while its wait
   for a CPU (`StepRecord.cpu_wait_s`) grew as much.
+- pp-slow1.1-optimizer/: from step 8 rank 0 (the first stage) spins 10 % of the job's step
+  after its optimizer step, outside its schedule; the SDK timed the schedules
+  (`StepRecord.pipeline_s`). Its forward time did not grow, and without its time outside the
+  schedule it was not reported (nor in 5 of 6 earlier matrix runs).
+- pp-clean-jitter/: no fault; every rank sleeps 0-30 % of a step (independently, each step)
+  before its schedule: outside it, where the stage slowed after its optimizer step is.
 """
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -63,6 +70,83 @@ def test_a_clean_pipeline_on_a_loaded_host_has_no_finding(mode: str) -> None:
     assert shifted is not None
     assert 0 < float(np.nanmax(shifted.share)) < cfg.min_shift
     assert not shifted.flags.any()
+
+
+def _without_pipeline_time(records: list[schema.Record]) -> list[schema.Record]:
+    """The records as an SDK that does not time pipeline schedules sends them."""
+    return [
+        msgspec.structs.replace(
+            r, pipeline_s=0.0, pipeline_cpu_wait_s=0.0, pipeline_comm_wait_s=0.0
+        )
+        if isinstance(r, schema.StepRecord)
+        else r
+        for r in records
+    ]
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_stage_slowed_after_its_optimizer_step_is_named_from_its_time_outside_the_schedule(
+    mode: str,
+) -> None:
+    records = recorded.records(DATA / "pp-slow1.1-optimizer")
+    (found,) = recorded.analyse(mode, records)
+    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [0])
+    assert "outside_pipeline_time" in found.summary and "its own earlier steps" in found.summary
+    head = found.evidence[0]
+    assert head.metric == "outside_pipeline_time" and head.observed > 3 * head.baseline
+    peers = next(e for e in found.evidence if e.metric == "peers_outside_pipeline_ratio")
+    assert peers.observed < 1.3  # the other stages' own time outside did not grow
+    a = arrays.from_records(records)
+    row = int(np.searchsorted(a.step_end_s, found.detected_s))
+    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+    # Its schedule untimed (an older SDK), the stage is not reported.
+    assert recorded.analyse(mode, _without_pipeline_time(records)) == []
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_clean_pipeline_jittering_outside_its_schedule_has_no_finding(mode: str) -> None:
+    records = recorded.records(DATA / "pp-clean-jitter")
+    a = arrays.from_records(records)
+    assert a.pipeline_own_s is not None and np.isfinite(a.pipeline_own_s).all()
+    assert recorded.analyse(mode, records) == []
+
+
+def test_a_stages_own_time_outside_its_schedule_leaves_out_its_waits_there() -> None:
+    step = np.array([0.100, 0.100, 0.100, 0.050])
+    data = np.array([0.005, 0.005, 0.005, 0.0])
+    comm = np.array([0.040, 0.040, 0.055, 0.0])  # the third also waits 15 ms outside
+    cpu = np.array([0.010, 0.010, 0.010, 0.0])
+    pipeline = np.array(
+        [
+            [0.080, 0.006, 0.040],  # inside: time, its CPU wait, its waits for peers
+            [0.080, 0.010, 0.040],
+            [0.065, 0.006, 0.040],
+            [0.0, 0.0, 0.0],  # no schedule timed
+        ]
+    )
+    own = arrays.pipeline_own(step, data, comm, cpu, pipeline)
+    assert own[:3] == pytest.approx([0.011, 0.015, 0.011])
+    assert np.isnan(own[3])
+
+
+def _outside_job(own: np.ndarray) -> arrays.StepArrays:
+    a = _job(_stages())
+    a.pipeline_own_s = own.astype(np.float32)
+    return a
+
+
+def test_a_stages_own_time_outside_its_schedule_shifts_alone() -> None:
+    base = 0.002 * np.random.default_rng(1).uniform(0.9, 1.1, (STEPS, RANKS))
+    own = base.copy()
+    own[30:, 3] += 0.1 * STEP_S  # spins after its optimizer step from step 30
+    shifted = _shift(_outside_job(own))
+    flagged = np.flatnonzero(shifted.flags[:, 3])
+    assert flagged.size >= 8 and 30 < flagged[0] <= 30 + 6
+    assert shifted.outside[flagged, 3].all()
+    assert not shifted.flags[:, :3].any()
+    every = base.copy()
+    every[30:] += 0.1 * STEP_S  # every stage at once (a job-wide evaluation): no one's
+    assert not _shift(_outside_job(every)).flags.any()
 
 
 # Synthetic jobs: 4 ranks doing different work (a pipeline's stages), 60 steps of 100 ms.

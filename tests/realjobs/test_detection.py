@@ -5,11 +5,11 @@ public SDK, under each parallel wrapper (DDP, FSDP2, DTensor TP, a 1F1B pipeline
 calling dist.all_reduce). Each wrapper's launch runs its cases in turn: a clean jittery job, and
 a 2x straggler in each position (before forward / a slow forward layer in the pipeline, a slow
 layer in backward, the optimizer step, data loading inside `span("data")`); the pipeline's
-launch also a 1.25x stage in the compute positions, the plain loop's an intermittent straggler
-(2x every 4th step) and a ramp (1 % of a step more each step). Every case is
-analysed with `vigil analyze --json` as a user runs it. Hangs and a crash run on the plain loop
-and DDP. The full matrix, with magnitudes down to 1.1x and the online analyzer, is
-`bench/faults.py`.
+launch also a 1.25x stage in the compute positions and a 1.1x one after its optimizer step,
+the plain loop's an intermittent straggler (2x every 4th step) and a ramp (1 % of a step more
+each step). Every case is analysed with `vigil analyze --json` as a user runs it. Hangs and a
+crash run on the plain loop and DDP. The full matrix, with magnitudes down to 1.1x and the
+online analyzer, is `bench/faults.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from tests.analyzer import recorded
 from tests.realjobs import launch as launcher
 from tests.realjobs import netns
+from vigil.analyzer import arrays, config, stragglers
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -66,6 +69,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 # 40 faulty steps: at 28, a stage was missed in about one run in ten (its
                 # flags, ~z 4 on 2 shared cores, reached 8 of 12 steps late or not at all).
                 cases.append({"job": f"pp-{where}-1.25", "steps": 48, "seed": 5, "fault": fault})
+            # A stage a tenth slower after its optimizer step: outside its schedule.
+            fault = {"kind": "slow", "rank": CULPRIT["optimizer"], "factor": 1.1}
+            fault["where"] = "optimizer"
+            cases.append({"job": "pp-optimizer-1.1", "steps": 40, "seed": 5, "fault": fault})
         if wrapper == "plain":  # the shape of a rank's slowness: some steps, or more and more
             every = {"kind": "slow", "rank": 3, "factor": 2.0, "every": 4}
             ramp = {"kind": "slow", "rank": 2, "ramp": 0.01}
@@ -136,6 +143,40 @@ def test_a_pipeline_stage_a_quarter_slower_is_named(runs: dict[str, Path], where
     signal = found[0]["evidence"][0]
     assert signal["observed"] > signal["baseline"]
     assert found[0]["step_start"] <= 8 + 30
+
+
+def test_a_pipeline_stage_a_tenth_slower_after_its_optimizer_step_is_named(
+    runs: dict[str, Path],
+) -> None:
+    """The SDK times torch.distributed.pipelining's schedules (`StepRecord.pipeline_s`): a
+    stage waits for its peers inside its schedule, so its time outside it, less its waits
+    there, is its own. The last stage spins 10 % of a step after its optimizer step: its
+    forward time does not grow and its peers wait for it inside their schedules; its own time
+    outside its schedule grows (analyzer/forward_shift.py, `outside_shift`)."""
+    folder = runs["pp-optimizer-1.1"]
+    steps = [
+        json.loads(line)
+        for path in sorted(folder.glob("rank-*.jsonl"))
+        for line in path.read_text().splitlines()
+        if '"type":"step"' in line
+    ]
+    assert len(steps) == 4 * 40
+    assert all(0 < s["pipeline_s"] < s["end_s"] - s["start_s"] for s in steps)
+    found = _analyze(folder)
+    assert _named(found) == [("straggler", (CULPRIT["optimizer"],))], [f["summary"] for f in found]
+    head = found[0]["evidence"][0]
+    assert head["observed"] > head["baseline"]
+    assert found[0]["step_start"] <= 8 + 20
+    # Its own time outside flags it (whether or not its compute, against its peers', also
+    # did: the finding then says compute_time), and no other stage's.
+    a = arrays.from_records(recorded.records(folder))
+    cfg = config.StragglerConfig()
+    scores = stragglers.score(a, cfg)
+    outside = scores.forward & scores.outside
+    culprit = int(np.searchsorted(a.ranks, CULPRIT["optimizer"]))
+    assert outside[:, culprit].sum() >= cfg.min_hits
+    assert int(a.steps[np.flatnonzero(outside[:, culprit])[0]]) <= 8 + 20
+    assert not np.delete(outside, culprit, axis=1).any()
 
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
