@@ -163,7 +163,8 @@ def current() -> session.Session | None:
 
 
 def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Time forward, backward and optimizer phases (and DDP's all-reduce through a comm hook)."""
+    """Time forward, backward and optimizer phases (and DDP's all-reduce through a comm hook;
+    and `torch.distributed.pipelining` schedules' `step` where the process has imported them)."""
     if _session is None:
         return
     try:

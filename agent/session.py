@@ -48,6 +48,10 @@ from vigil.agent import (
 log = logging.getLogger(__name__)
 
 SPAN_STATES = {"data": schema.RankState.DATA, "checkpoint": schema.RankState.CHECKPOINTING}
+# `span("pipeline")` marks a pipeline schedule the SDK does not wrap itself (a schedule of the
+# user's own, Megatron's): its time counts as a torch.distributed.pipelining schedule's does
+# (`StepRecord.pipeline_s`, with the CPU and collective waits inside).
+PIPELINE_SPAN = "pipeline"
 _NUMBER = (float, int)  # a plain loss value (a tuple: `float | int` builds a union per call)
 # A step's CPU wait (cpuwait.py) is read at its start and end, but where the next step begins
 # within this many seconds of the last one's end (the usual loop: nothing between the two but
@@ -359,9 +363,14 @@ class Session:
             self._publish(state)
         device = self._cuda_device if name == "data" else None
         entry = self._stream_event(device) if device is not None else None
+        pipeline = name == PIPELINE_SPAN
+        if pipeline:  # a schedule of the user's own (or Megatron's): timed as pipelining's are
+            self.phases.enter_pipeline()
         try:
             yield
         finally:
+            if pipeline:
+                self.phases.leave_pipeline()
             self._spans[name] += self._clock() - start
             if entry is not None and device is not None:
                 leave = self._stream_event(device)

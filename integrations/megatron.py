@@ -22,9 +22,10 @@ parallel_state's public getters and, where present, its list of the groups it cr
 `timed(func)` wraps the schedule `get_forward_backward_func()` returns: inside a step, each
 call of the user's `forward_step_func` counts as forward time, the rest of the schedule
 (backward, the loss function, pipeline send/receive, the gradient reduction of
-`finalize_model_grads`) as backward time; the collectives inside are recorded by the SDK as
-usual. A forward-only call (evaluation) is not timed. Fail-open like every SDK hook: the
-schedule's own errors propagate untouched, vigil's are counted.
+`finalize_model_grads`) as backward time, and the whole call as a pipeline schedule's
+(`span("pipeline")`: a stage's time outside it is its own); the collectives inside are recorded
+by the SDK as usual. A forward-only call (evaluation) is not timed. Fail-open like every SDK
+hook: the schedule's own errors propagate untouched, vigil's are counted.
 
 On CPU (gloo), megatron-core 0.16.1's `initialize_model_parallel` runs and every group is
 labelled (tests/integrations/test_megatron.py, 4 ranks, tp=2 x pp=2 and dp=2 x tp=2; only its
@@ -195,11 +196,12 @@ def timed(forward_backward_func: Callable[..., Any]) -> Callable[..., Any]:
             return forward_backward_func(*args, **kwargs)
         rest = _Phase("backward")
         kwargs["forward_step_func"] = _timed_forward(forward_step_func, rest)
-        rest.open()
-        try:
-            return forward_backward_func(*args, **kwargs)
-        finally:
-            rest.close()
+        with vigil.agent.span("pipeline"):  # a stage waits for its peers in here
+            rest.open()
+            try:
+                return forward_backward_func(*args, **kwargs)
+            finally:
+                rest.close()
 
     run.__vigil_timed__ = True  # type: ignore[attr-defined]
     return run

@@ -78,6 +78,27 @@ def test_each_step_record_has_its_own_spans(dirs: tuple[Path, Path]) -> None:
     assert data[0] == 0.0 and data[1] >= 0.02 and data[2] == 0.0
 
 
+def test_a_pipeline_span_counts_as_time_inside_a_pipeline_schedule(
+    dirs: tuple[Path, Path],
+) -> None:
+    """A schedule of the user's own wrapped in `span("pipeline")`: its time, and none of the
+    step's time outside it, is the record's `pipeline_s` (the analyzer compares the time
+    outside with the stage's own earlier steps)."""
+    _init(dirs)
+    with vigil.agent.step(0, tokens=1):
+        time.sleep(0.02)  # outside: data, the optimizer step
+        with vigil.agent.span("pipeline"):
+            time.sleep(0.05)
+    with vigil.agent.step(1, tokens=1):
+        time.sleep(0.01)
+    vigil.agent.shutdown()
+    steps = {r.step: r for r in _records(dirs[0]) if isinstance(r, schema.StepRecord)}
+    inside = steps[0].pipeline_s
+    assert 0.05 <= inside < 0.05 + 0.015 and inside < steps[0].step_time_s - 0.02
+    assert steps[0].pipeline_comm_wait_s == 0.0  # no collective in there
+    assert steps[1].pipeline_s == 0.0
+
+
 def test_the_page_and_heartbeats_count_finished_checkpoint_spans(
     dirs: tuple[Path, Path],
 ) -> None:

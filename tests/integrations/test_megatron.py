@@ -185,7 +185,7 @@ def test_collectives_on_megatron_groups_carry_the_labels(run: Path) -> None:
     assert names[10, 0, "tp"] == names[10, 1, "tp"] != names[0, 0, "tp"]  # a new group
 
 
-def test_the_schedule_s_forward_and_backward_are_timed_per_step(run: Path) -> None:
+def test_the_schedule_s_forward_backward_and_whole_time_are_timed_per_step(run: Path) -> None:
     for rank in range(WORLD):
         steps = {r.step: r for r in _records(run, rank) if isinstance(r, schema.StepRecord)}
         for step in TIMED_STEPS:
@@ -196,6 +196,9 @@ def test_the_schedule_s_forward_and_backward_are_timed_per_step(run: Path) -> No
             # The evaluation pass after each step (forward_only, 4 more forwards) counted in no
             # step: the bound on forward time leaves no room for it.
             assert s.forward_s + s.backward_s <= s.step_time_s
+            # The whole schedule is the stage's time inside a pipeline schedule (its waits for
+            # its peers are in there): all of the step's time but the step's own boundaries.
+            assert s.forward_s + s.backward_s <= s.pipeline_s <= s.step_time_s
 
 
 def test_the_real_schedule_stops_on_cpu_where_the_docs_say(run: Path) -> None:
