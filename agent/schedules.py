@@ -34,7 +34,7 @@ class Timer(Protocol):
 
 
 _active: Timer | None = None
-_originals: dict[str, Callable[..., Any]] = {}
+_originals: dict[type, Callable[..., Any]] = {}  # a wrapped class -> its own `step`
 
 
 def install(timer: Timer) -> bool:
@@ -46,13 +46,13 @@ def install(timer: Timer) -> bool:
     _active = timer
     for name in _BASES:
         cls = getattr(module, name, None)
-        if cls is None or name in _originals:
+        if not isinstance(cls, type):
             continue
         original = cls.__dict__.get("step")
-        if original is None:
+        if original is None or getattr(original, _MARK, False):  # none, or wrapped already
             continue
-        _originals[name] = original
-        cls.step = _timed(original)
+        _originals[cls] = original
+        cls.step = _timed(original)  # type: ignore[attr-defined]
     return True
 
 
@@ -62,12 +62,12 @@ def uninstall(timer: Timer) -> None:
     if _active is not timer:
         return
     _active = None
-    module = sys.modules.get(_MODULE)
-    for name, original in list(_originals.items()):
-        cls = getattr(module, name, None) if module is not None else None
-        if cls is not None:
-            cls.step = original
+    for cls, original in _originals.items():
+        cls.step = original  # type: ignore[attr-defined]
     _originals.clear()
+
+
+_MARK = "__vigil_timed__"
 
 
 def _timed(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -82,4 +82,5 @@ def _timed(step: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             timer.leave_pipeline()
 
+    setattr(timed_step, _MARK, True)
     return timed_step

@@ -56,6 +56,7 @@ def test_the_cpu_wait_inside_forward_passes_is_summed_and_none_outside() -> None
     assert sums.forward_cpu_wait_s == pytest.approx(0.006)
     assert errors == []
     assert timer.take(clocks.now).forward_cpu_wait_s == 0.0  # reset for the next step
+    timer.remove()
 
 
 def test_without_a_cpu_wait_reader_the_forward_wait_is_zero() -> None:
@@ -66,6 +67,7 @@ def test_without_a_cpu_wait_reader_the_forward_wait_is_zero() -> None:
     model(torch.ones(2))
     assert timer.take(clocks.now).forward_s == pytest.approx(0.010)
     assert timer.forward_cpu_wait_s == 0.0
+    timer.remove()
 
 
 def _pipeline_module(clocks: _Clocks) -> types.ModuleType:
@@ -147,3 +149,26 @@ def test_without_pipelining_imported_nothing_is_wrapped(monkeypatch: pytest.Monk
     timer.watch(_Layer(_Clocks(), 0.0, 0.0), None)
     assert timer.take().pipeline_s == 0.0
     timer.remove()
+
+
+def test_schedules_left_wrapped_by_an_earlier_timer_do_not_stop_a_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timer never removed (a session that did not shut down) leaves its schedules wrapped:
+    a later timer still wraps the schedule classes it finds, and times them."""
+    clocks = _Clocks()
+    earlier = _pipeline_module(clocks)
+    monkeypatch.setitem(sys.modules, schedules._MODULE, earlier)
+    stale = phases.PhaseTimer(on_error=lambda exc: None, clock=lambda: clocks.now)
+    stale.watch(_Layer(clocks, 0.0, 0.0), None)  # never removed
+    later = _pipeline_module(clocks)
+    monkeypatch.setitem(sys.modules, schedules._MODULE, later)
+    timer = phases.PhaseTimer(on_error=lambda exc: None, clock=lambda: clocks.now)
+    timer.watch(_Layer(clocks, 0.0, 0.0), None)
+    later.PipelineScheduleSingle().step()
+    earlier.PipelineScheduleSingle().step()  # still wrapped: it times for the active timer
+    assert timer.take(clocks.now).pipeline_s == pytest.approx(0.060)
+    assert stale.take(clocks.now).pipeline_s == 0.0
+    timer.remove()  # restores both modules' schedules
+    assert not hasattr(later.PipelineScheduleSingle.step, "__vigil_timed__")
+    assert not hasattr(earlier.PipelineScheduleSingle.step, "__vigil_timed__")
