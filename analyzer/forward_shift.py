@@ -1,4 +1,6 @@
-"""A rank whose forward pass became slower than its own earlier steps while its peers' did not.
+"""A rank whose forward pass (or, in a pipeline whose schedules the SDK timed, its own time
+outside its schedule: `outside_shift`) became slower than its own earlier steps while its peers'
+did not.
 
 `stragglers.py` compares each rank's compute with its peers' at the same step, which needs
 peers doing the same work. A pipeline's stages do not: each holds other layers, the first the
@@ -28,8 +30,12 @@ forward pass was slow in its first steps (start-up) and then not reads a large n
 for 3 smoothing windows, which hid a real stage's 1.1x shift at z < 3 in one matrix run.
 
 Where the ranks' tokens vary from step to step the forward time per token is compared instead
-(a longer sequence takes longer). A forward time of 0 (no model watched) is unknown. Pure
-numpy.
+(a longer sequence takes longer). A forward time of 0 (no model watched) is unknown.
+
+A stage slowed outside its forward pass, after its optimizer step, leaves its forward time as
+it was; its peers wait for it inside their schedules. Where the SDK timed the schedules
+(`StepRecord.pipeline_s`), a stage's own time outside its schedule, less its waits there, is
+compared the same way (`outside_shift`), and the larger of the two shares counts. Pure numpy.
 """
 
 from __future__ import annotations
@@ -142,7 +148,8 @@ def outside_shift(
     none of them count, and its forward time does not grow. Its waits are measured, not
     attributed, so none of their growth is taken out (as for the forward pass) and no rank's
     noisy waits for its peers enter it. A shift within `outside_noise_ratio` times the stage's
-    usual step-to-step change there (jitter outside the schedule) reads as no shift (0)."""
+    usual step-to-step change there (jitter outside the schedule) reads as no growth (0, or its
+    fall where it fell)."""
     own = a.pipeline_own_s
     if own is None or not bool(np.isfinite(own).any()):
         return None
