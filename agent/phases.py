@@ -4,7 +4,7 @@
 - a forward pre-hook and forward hook on the root module (forward time, summed over micro-batches);
 - optimizer step pre/post hooks (optimizer time);
 - where the process runs a `torch.distributed.pipelining` schedule, a wrapper of its `step`
-  (`schedules.py`: the time inside it, and the CPU wait there).
+  (`schedules.py`: the time inside it, and the CPU and collective waits there).
 Backward is the time from the end of a forward whose output needs gradients to the optimizer
 step, the next forward or the step's end, whichever comes first: it includes the loss
 computation. (A per-forward hook on the output's gradient would exclude the loss but costs the
@@ -117,8 +117,7 @@ class PhaseTimer:
         running (a step boundary inside it) counts up to `now` and on from there in the next
         step (call before the recorder's `swap`, which restarts its blocked time)."""
         self.end_backward(now)
-        inside = self._pipeline_depth > 0
-        if inside:
+        if self._pipeline_depth > 0:
             now = self._clock() if now is None else now
             self._add_pipeline(now)
         sums = PhaseSums(

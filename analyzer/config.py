@@ -101,10 +101,10 @@ class StragglerConfig:
     # outside_shift`) counts only where it is also at least `outside_noise_ratio` times its
     # usual step-to-step change there before (what jitter outside the schedule, a data loader
     # or the user's own code, moves it by). Real 4-stage pipelines: a stage spinning 10 % of
-    # the step after its optimizer step shifts by ~30x its usual change; with every stage
-    # sleeping 0-30 % of a step before its schedule (the matrix's jitter), clean stages
-    # shifted by 5-11 % of the step, ~1x their usual change (flagged at `min_shift` alone,
-    # 4 findings in 2,400 clean steps).
+    # the step after its optimizer step shifted by 8-73x its usual change (five runs); with
+    # every stage sleeping 0-30 % of a step before its schedule (the matrix's jitter), clean
+    # stages shifted by 5-20 % of the step, at most 3.5x their usual change (flagged at
+    # `min_shift` alone: 4 findings in 2,400 clean steps).
     outside_noise_ratio: float = 3.0
     # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
     # ranks is decided by two of their deviations and swings by 2x from step to step (on real
