@@ -11,7 +11,9 @@ module models what happens and lets the SDK measure it:
   plus its transfer time (jittered per op, slower through a faulty NIC) plus a small per-member
   completion skew; DDP's gradient buckets run behind backward and are waited for at its end,
   tensor-parallel all-reduces and the data-parallel all-reduce block, a pipeline (GPipe order,
-  `microbatches` per step) sends and receives between stages;
+  `microbatches` per step) sends and receives between stages, inside a schedule that the SDK
+  times as it times a pipelining schedule's `step` (the stages' forward and backward passes
+  and their gradients' data-parallel all-reduce; the forward hooks hold no send or receive);
 - every rank has its host's clocks: a monotonic clock with its own origin and a wall clock off
   true time by the host's offset; heartbeats go out once per flush interval, some are lost.
 
@@ -196,6 +198,7 @@ class Job:
         ]  # fmt: skip
         self.records.extend(self._identity())
         self.steps_done = 0
+        self._p2p_s = np.zeros(n)  # per rank: seconds in sends and receives this pass
 
     # -- set-up -----------------------------------------------------------------------------
     def _load_steps(self) -> set[int]:
@@ -280,6 +283,8 @@ class Job:
         end_src, end_dst = done + self._skew(done.shape), done + self._skew(done.shape)
         ops.append(sdk.Op(src, sent, end_src, objs, "send", nbytes, blocking=True))
         ops.append(sdk.Op(dst, recv_at, end_dst, objs, "recv", nbytes, blocking=True))
+        self._p2p_s[src] += end_src - sent
+        self._p2p_s[dst] += end_dst - recv_at
         self.t[src], self.t[dst] = end_src, end_dst
 
     def _stop(self, rank: int, step: int) -> None:
@@ -313,8 +318,10 @@ class Job:
         self.t += extra[Position.BEFORE]
         chunks = cfg.layers * cfg.microbatches
         fwd_start = self.t.copy()
+        self._p2p_s = np.zeros(n)
         self._passes(ops, (compute / 3 + extra[Position.FORWARD]) / chunks, forward=True)
         fwd_end = self.t.copy()
+        fwd_p2p = self._p2p_s.copy()  # outside the stage's forward hooks
         bwd_total = compute * 0.6 + extra[Position.BACKWARD]
         if hang is not None and stop_at is Position.BACKWARD:  # halfway through its backward
             self.t[hang.rank] += bwd_total[hang.rank] / 2
@@ -330,9 +337,14 @@ class Job:
         if hang is not None and stop_at is Position.OPTIMIZER:
             self._stop(hang.rank, i)
         self.t += compute * (1 - 1 / 3 - 0.6) + extra[Position.OPTIMIZER]
+        # A pipeline's schedule runs its stages' forward and backward passes, and their
+        # gradients' data-parallel all-reduce (as Megatron's and torch's schedules do).
+        piped = cfg.pp > 1
         times = sdk.StepTimes(
-            start=start, data_end=data_end, end=self.t.copy(), forward_s=fwd_end - fwd_start,
-            backward_s=bwd_end - fwd_end, optimizer_s=self.t - bwd_end,
+            start=start, data_end=data_end, end=self.t.copy(),
+            forward_s=fwd_end - fwd_start - fwd_p2p, backward_s=bwd_end - fwd_end,
+            optimizer_s=self.t - bwd_end, pipeline_start=fwd_start if piped else None,
+            pipeline_end=bwd_end if piped else None,
         )  # fmt: skip
         self._record(i, ops, times)
         self.steps_done += 1

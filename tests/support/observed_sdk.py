@@ -70,9 +70,13 @@ class StepTimes:
     start: F64
     data_end: F64
     end: F64
-    forward_s: F64
+    forward_s: F64  # inside the model's forward passes (a stage's: its sends and receives not)
     backward_s: F64
     optimizer_s: F64
+    # The pipeline schedule's start and end (pp > 1; None: no schedule): the SDK times its
+    # `step` and reads the recorder's blocked time at both ends.
+    pipeline_start: F64 | None = None
+    pipeline_end: F64 | None = None
 
 
 Event = tuple[float, int, int, Op]  # (true time, 1 begin / 0 finish, key, op)
@@ -139,9 +143,16 @@ class RankSdk:
         rec.step = step
         events.sort(key=lambda e: (e[0], e[1], e[2]))
         pending: dict[int, tuple[Any, int]] = {}
+        # The schedule's ends: the recorder's blocked time read there (ops end at a finish).
+        ends = [] if times.pipeline_start is None or times.pipeline_end is None else [
+            float(times.pipeline_start[r]), float(times.pipeline_end[r])
+        ]  # fmt: skip
+        blocked_at: list[float] = []
         for t, is_begin, key, op in events:
             if not np.isfinite(t):
                 break  # sorted: the rest never happened either
+            while len(blocked_at) < len(ends) and _passed(len(blocked_at), ends, t):
+                blocked_at.append(rec.blocked_s)
             self._now[0] = self._mono(t)
             j = key % _KEY
             if is_begin:
@@ -159,6 +170,8 @@ class RankSdk:
         page.data_spans.append((start, float(times.data_end[r])))
         if not np.isfinite(end):
             return []  # the step never ended: no record (its ops stay in the recorder)
+        blocked_at += [rec.blocked_s] * (len(ends) - len(blocked_at))
+        pipeline = (0.0, 0.0) if not ends else (ends[1] - ends[0], blocked_at[1] - blocked_at[0])
         self._now[0] = self._mono(end)
         aggs, blocked, _total = rec.swap()
         util = mfu_mod.mfu(flops_per_token=FLOPS_PER_TOKEN, tokens=TOKENS, seconds=end - start,
@@ -168,7 +181,7 @@ class RankSdk:
             background.EndedStep(
                 step, self._mono(start), self._mono(end), TOKENS, 2.0,
                 PhaseSums(float(times.forward_s[r]), float(times.backward_s[r]),
-                          float(times.optimizer_s[r]), 0.0, 0.0, 0.0, 0.0),
+                          float(times.optimizer_s[r]), 0.0, pipeline[0], 0.0, pipeline[1]),
                 blocked, aggs, data, util,
             )
         )  # fmt: skip
@@ -194,6 +207,12 @@ class RankSdk:
             job_id=self.job_id, rank=self.rank, time_s=true_s + self.wall_offset,
             last_step=last_step, last_group=group, last_seq=seq, last_op=op, state=state,
         )  # fmt: skip
+
+
+def _passed(i: int, ends: list[float], t: float) -> bool:
+    """Whether an event at `t` comes after the schedule's end `i` (0: its start, read before
+    that instant's events; 1: its end, read after them)."""
+    return t >= ends[0] if i == 0 else t > ends[1]
 
 
 def _raise(exc: BaseException) -> None:
