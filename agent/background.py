@@ -175,6 +175,8 @@ class Background:
                     pipeline_s=phases.pipeline_s,
                     pipeline_cpu_wait_s=phases.pipeline_cpu_wait_s,
                     pipeline_comm_wait_s=phases.pipeline_comm_wait_s,
+                    stage_backward_s=phases.stage_backward_s,
+                    stage_backward_wait_s=phases.stage_backward_wait_s,
                 )
             )
             self._queue.extend(

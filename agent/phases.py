@@ -4,7 +4,8 @@
 - a forward pre-hook and forward hook on the root module (forward time, summed over micro-batches);
 - optimizer step pre/post hooks (optimizer time);
 - where the process runs a `torch.distributed.pipelining` schedule, a wrapper of its `step`
-  (`schedules.py`: the time inside it, and the CPU and collective waits there).
+  (`schedules.py`: the time inside it, and the CPU and collective waits there) and of its
+  stage's backward passes (their time, and the same waits there).
 Backward is the time from the end of a forward whose output needs gradients to the optimizer
 step, the next forward or the step's end, whichever comes first: it includes the loss
 computation. (A per-forward hook on the output's gradient would exclude the loss but costs the
@@ -51,6 +52,71 @@ class PhaseSums(NamedTuple):
     pipeline_s: float  # inside pipeline schedules' `step`
     pipeline_cpu_wait_s: float  # ... waiting for a CPU in there
     pipeline_comm_wait_s: float  # ... blocked in collectives in there (the recorder's time)
+    stage_backward_s: float  # inside a pipeline stage's backward passes
+    stage_backward_wait_s: float  # ... waiting for a CPU or blocked in collectives in there
+
+
+class _Inside:
+    """Time inside calls of one kind (a nested call counts once), and of it the thread's CPU
+    wait and its time blocked in collectives (the recorder's, which restarts at 0 after each
+    step's `take`). Per step; a call still running at the step's end counts up to it and on
+    from there in the next step."""
+
+    __slots__ = (
+        "_blocked",
+        "_blocked_start",
+        "_clock",
+        "_cpu_wait",
+        "_start",
+        "_wait_start",
+        "comm_wait_s",
+        "cpu_wait_s",
+        "depth",
+        "seconds",
+    )
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        cpu_wait: Callable[[], float] | None,
+        blocked: Callable[[], float] | None,
+    ) -> None:
+        self._clock, self._cpu_wait, self._blocked = clock, cpu_wait, blocked
+        self.depth = 0
+        self._start = self._wait_start = self._blocked_start = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = self.cpu_wait_s = self.comm_wait_s = 0.0
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            self._start = self._clock()
+            if self._cpu_wait is not None:
+                self._wait_start = self._cpu_wait()
+            if self._blocked is not None:
+                self._blocked_start = self._blocked()
+
+    def leave(self) -> None:
+        if self.depth <= 0:  # its enter failed
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.add(self._clock())
+
+    def add(self, now: float) -> None:
+        """Count the open call up to `now` (at its end, or at a step's end inside it)."""
+        self.seconds += max(0.0, now - self._start)
+        self._start = now
+        if self._cpu_wait is not None:
+            waited = self._cpu_wait()
+            self.cpu_wait_s += max(0.0, waited - self._wait_start)
+            self._wait_start = waited
+        if self._blocked is not None:
+            blocked = self._blocked()
+            self.comm_wait_s += max(0.0, blocked - self._blocked_start)
+            self._blocked_start = 0.0 if self.depth else blocked  # the recorder restarts at 0
 
 
 class PhaseTimer:
@@ -66,12 +132,14 @@ class PhaseTimer:
     ) -> None:
         self._clock = clock
         self._cpu_wait = cpu_wait
-        self._comm_blocked = comm_blocked  # the step's blocked time in collectives so far
         self._on_error = on_error
         self._handles: list[Any] = []
         self._pipelined = False  # this timer's `schedules.install` took
-        self._pipeline_depth = 0
-        self._pipeline_start = self._pipeline_wait_start = self._pipeline_blocked_start = 0.0
+        # Inside pipeline schedules' `step` and inside the stage's backward passes
+        # (`schedules.py`): the stage's waits for its peers are in the first, not the second.
+        # `comm_blocked`: the step's blocked time in collectives so far.
+        self.pipeline = _Inside(clock, cpu_wait, comm_blocked)
+        self.stage_backward = _Inside(clock, cpu_wait, comm_blocked)
         self.reset()
 
     def reset(self) -> None:
@@ -79,11 +147,8 @@ class PhaseTimer:
         self.backward_s = 0.0
         self.optimizer_s = 0.0
         self.forward_cpu_wait_s = 0.0  # the thread's wait for a CPU inside forward passes
-        # Inside pipeline schedules' `step` (`schedules.py`): seconds, and of them the CPU wait
-        # and the time blocked in collectives (the stage's waits for its peers).
-        self.pipeline_s = 0.0
-        self.pipeline_cpu_wait_s = 0.0
-        self.pipeline_comm_wait_s = 0.0
+        self.pipeline.reset()
+        self.stage_backward.reset()
         self._forward_wait_start = 0.0
         self._forward_start: float | None = None
         self._backward_start: float | None = None
@@ -117,17 +182,22 @@ class PhaseTimer:
         running (a step boundary inside it) counts up to `now` and on from there in the next
         step (call before the recorder's `swap`, which restarts its blocked time)."""
         self.end_backward(now)
-        if self._pipeline_depth > 0:
+        pipeline, backward = self.pipeline, self.stage_backward
+        if pipeline.depth or backward.depth:  # a step boundary inside a schedule
             now = self._clock() if now is None else now
-            self._add_pipeline(now)
+            for inside in (pipeline, backward):
+                if inside.depth > 0:
+                    inside.add(now)
         sums = PhaseSums(
             self.forward_s,
             self.backward_s,
             self.optimizer_s,
             self.forward_cpu_wait_s,
-            self.pipeline_s,
-            self.pipeline_cpu_wait_s,
-            self.pipeline_comm_wait_s,
+            pipeline.seconds,
+            pipeline.cpu_wait_s,
+            pipeline.comm_wait_s,
+            backward.seconds,
+            backward.cpu_wait_s + backward.comm_wait_s,
         )
         self.reset()
         return sums
@@ -135,38 +205,29 @@ class PhaseTimer:
     # -- hooks (fail-open) ----------------------------------------------------------------
     def enter_pipeline(self) -> None:
         """A pipeline schedule's `step` begins (`schedules.py`; nested calls count once)."""
-        try:
-            self._pipeline_depth += 1
-            if self._pipeline_depth == 1:
-                self._pipeline_start = self._clock()
-                if self._cpu_wait is not None:
-                    self._pipeline_wait_start = self._cpu_wait()
-                if self._comm_blocked is not None:
-                    self._pipeline_blocked_start = self._comm_blocked()
-        except Exception as exc:
-            self._on_error(exc)
+        self._enter(self.pipeline)
 
     def leave_pipeline(self) -> None:
+        self._leave(self.pipeline)
+
+    def enter_stage_backward(self) -> None:
+        """A pipeline stage's backward pass of one chunk begins (`schedules.py`)."""
+        self._enter(self.stage_backward)
+
+    def leave_stage_backward(self) -> None:
+        self._leave(self.stage_backward)
+
+    def _enter(self, inside: _Inside) -> None:
         try:
-            if self._pipeline_depth <= 0:  # its enter failed
-                return
-            self._pipeline_depth -= 1
-            if self._pipeline_depth == 0:
-                self._add_pipeline(self._clock())
+            inside.enter()
         except Exception as exc:
             self._on_error(exc)
 
-    def _add_pipeline(self, now: float) -> None:
-        self.pipeline_s += max(0.0, now - self._pipeline_start)
-        self._pipeline_start = now
-        if self._cpu_wait is not None:
-            waited = self._cpu_wait()
-            self.pipeline_cpu_wait_s += max(0.0, waited - self._pipeline_wait_start)
-            self._pipeline_wait_start = waited
-        if self._comm_blocked is not None:
-            blocked = self._comm_blocked()
-            self.pipeline_comm_wait_s += max(0.0, blocked - self._pipeline_blocked_start)
-            self._pipeline_blocked_start = 0.0 if self._pipeline_depth else blocked  # see take
+    def _leave(self, inside: _Inside) -> None:
+        try:
+            inside.leave()
+        except Exception as exc:
+            self._on_error(exc)
 
     def _pre_forward(self, _module: Any, _args: Any) -> None:
         try:

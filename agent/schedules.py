@@ -8,12 +8,20 @@ while its own time outside grows. The analyzer compares that time with the stage
 steps (`analyzer/forward_shift.py`): it finds a stage slowed after its optimizer step, which
 neither its forward time nor its waits show.
 
+A stage slowed inside its schedule, in its backward passes (a slow layer), makes its peers wait
+inside theirs too, and the time inside the schedule holds those waits. Its backward passes
+alone do not: the schedule receives a chunk's gradients before it runs the chunk's backward
+(`_PipelineStageBase.backward_one_chunk`; zero-bubble schedules split off the weight gradients,
+`backward_weight_one_chunk`). Their time is the stage's own backward compute, compared with its
+own earlier steps as its forward time is.
+
 `install(timer)` wraps `step` of the two schedule bases (`PipelineScheduleSingle`: 1F1B, GPipe;
 `PipelineScheduleMulti`: interleaved, zero-bubble, DualPipeV) so that each call is timed by
 `PhaseTimer.enter_pipeline` / `leave_pipeline` (a nested call, a schedule whose own `step`
-calls its base's, counts once). Only where the user's process has imported the pipelining
-module already (watch the stage after building its schedule): the SDK never imports it itself.
-The wrappers are fail-open and pass through while no timer is installed.
+calls its base's, counts once), and the stage base's two backward methods, timed by
+`enter_stage_backward` / `leave_stage_backward`. Only where the user's process has imported the
+pipelining module already (watch the stage after building its schedule): the SDK never imports
+it itself. The wrappers are fail-open and pass through while no timer is installed.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from typing import Any, Protocol
 
 _MODULE = "torch.distributed.pipelining.schedules"
 _BASES = ("PipelineScheduleSingle", "PipelineScheduleMulti")
+_STAGE_MODULE = "torch.distributed.pipelining.stage"
+_STAGE_BASE = "_PipelineStageBase"
+_BACKWARDS = ("backward_one_chunk", "backward_weight_one_chunk")
 
 
 class Timer(Protocol):
@@ -32,9 +43,14 @@ class Timer(Protocol):
 
     def leave_pipeline(self) -> None: ...
 
+    def enter_stage_backward(self) -> None: ...
+
+    def leave_stage_backward(self) -> None: ...
+
 
 _active: Timer | None = None
-_originals: dict[type, Callable[..., Any]] = {}  # a wrapped class -> its own `step`
+# A wrapped (class, method name) -> the class's own method.
+_originals: dict[tuple[type, str], Callable[..., Any]] = {}
 
 
 def install(timer: Timer) -> bool:
@@ -45,15 +61,21 @@ def install(timer: Timer) -> bool:
         return False
     _active = timer
     for name in _BASES:
-        cls = getattr(module, name, None)
-        if not isinstance(cls, type):
-            continue
-        original = cls.__dict__.get("step")
-        if original is None or getattr(original, _MARK, False):  # none, or wrapped already
-            continue
-        _originals[cls] = original
-        cls.step = _timed(original)  # type: ignore[attr-defined]
+        _wrap(getattr(module, name, None), "step", _timed_step)
+    stage = getattr(sys.modules.get(_STAGE_MODULE), _STAGE_BASE, None)
+    for name in _BACKWARDS:
+        _wrap(stage, name, _timed_backward)
     return True
+
+
+def _wrap(cls: Any, name: str, timed: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    if not isinstance(cls, type):
+        return
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, _MARK, False):  # none, or wrapped already
+        return
+    _originals[(cls, name)] = original
+    setattr(cls, name, timed(original))
 
 
 def uninstall(timer: Timer) -> None:
@@ -62,15 +84,15 @@ def uninstall(timer: Timer) -> None:
     if _active is not timer:
         return
     _active = None
-    for cls, original in _originals.items():
-        cls.step = original  # type: ignore[attr-defined]
+    for (cls, name), original in _originals.items():
+        setattr(cls, name, original)
     _originals.clear()
 
 
 _MARK = "__vigil_timed__"
 
 
-def _timed(step: Callable[..., Any]) -> Callable[..., Any]:
+def _timed_step(step: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(step)
     def timed_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         timer = _active
@@ -84,3 +106,19 @@ def _timed(step: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(timed_step, _MARK, True)
     return timed_step
+
+
+def _timed_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(backward)
+    def timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        timer = _active
+        if timer is None:
+            return backward(self, *args, **kwargs)
+        timer.enter_stage_backward()  # fail-open, as above
+        try:
+            return backward(self, *args, **kwargs)
+        finally:
+            timer.leave_stage_backward()
+
+    setattr(timed_backward, _MARK, True)
+    return timed_backward

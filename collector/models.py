@@ -103,6 +103,8 @@ class StepPublic(BaseModel):
     pipeline_s: float | None = None
     pipeline_cpu_wait_s: float | None = None
     pipeline_comm_wait_s: float | None = None
+    stage_backward_s: float | None = None
+    stage_backward_wait_s: float | None = None
 
 
 class RankAggregatePublic(BaseModel):

@@ -99,6 +99,10 @@ step_records = Table(
     Column("pipeline_s", Double, nullable=False, server_default="0"),
     Column("pipeline_cpu_wait_s", Double, nullable=False, server_default="0"),
     Column("pipeline_comm_wait_s", Double, nullable=False, server_default="0"),
+    # Added by revision 0010: time in a pipeline stage's backward passes, and the CPU and
+    # collective waits there (0: none).
+    Column("stage_backward_s", Double, nullable=False, server_default="0"),
+    Column("stage_backward_wait_s", Double, nullable=False, server_default="0"),
 )
 
 # Rank-major columns of one step's chunk of 1,024 ranks (little-endian float64 arrays indexed by

@@ -197,6 +197,12 @@ class StepRecord(_Record, tag="step", kw_only=True):
     pipeline_s: NonNegFloat = 0.0
     pipeline_cpu_wait_s: NonNegFloat = 0.0
     pipeline_comm_wait_s: NonNegFloat = 0.0  # ... and its time blocked in collectives in there
+    # Of the time inside, how long the stage's backward passes took (their chunks' calls:
+    # `_PipelineStageBase.backward_one_chunk`, `backward_weight_one_chunk`; 0 where none was
+    # timed), and of that its wait for a CPU and time blocked in collectives: the schedule
+    # receives a chunk's gradients before its backward runs, so the rest is the stage's own.
+    stage_backward_s: NonNegFloat = 0.0
+    stage_backward_wait_s: NonNegFloat = 0.0
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:

@@ -172,3 +172,57 @@ def test_schedules_left_wrapped_by_an_earlier_timer_do_not_stop_a_new_one(
     timer.remove()  # restores both modules' schedules
     assert not hasattr(later.PipelineScheduleSingle.step, "__vigil_timed__")
     assert not hasattr(earlier.PipelineScheduleSingle.step, "__vigil_timed__")
+
+
+def _stage_module(clocks: _Clocks) -> types.ModuleType:
+    """A stand-in for torch.distributed.pipelining.stage: its stage base, whose backward of
+    one chunk passes 8 ms (1 of them waiting for a CPU, 2 blocked in a gradient all-reduce)
+    and whose weight-gradient backward of one chunk passes 3 ms."""
+    module = types.ModuleType(schedules._STAGE_MODULE)
+
+    class _PipelineStageBase:
+        def backward_one_chunk(self, chunk: int, loss: object = None) -> int:
+            clocks.pass_time(0.008, waiting=0.001, blocked=0.002)
+            return chunk
+
+        def backward_weight_one_chunk(self, chunk: int) -> int:
+            clocks.pass_time(0.003)
+            return chunk
+
+    module._PipelineStageBase = _PipelineStageBase  # type: ignore[attr-defined]
+    return module
+
+
+def test_a_stages_backward_passes_and_their_waits_are_summed_per_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the schedule the stage receives a chunk's gradients (a wait for its peers)
+    before the chunk's backward runs: only the backward calls count, with their own waits."""
+    clocks = _Clocks()
+    monkeypatch.setitem(sys.modules, schedules._MODULE, _pipeline_module(clocks))
+    stage_module = _stage_module(clocks)
+    monkeypatch.setitem(sys.modules, schedules._STAGE_MODULE, stage_module)
+    base = stage_module._PipelineStageBase
+    original = base.backward_one_chunk
+    errors: list[BaseException] = []
+    timer = phases.PhaseTimer(
+        on_error=errors.append,
+        clock=lambda: clocks.now,
+        cpu_wait=lambda: clocks.waited,
+        comm_blocked=lambda: clocks.blocked,
+    )
+    timer.watch(_Layer(clocks, 0.0, 0.0), None)
+    stage = base()
+    for chunk in range(2):
+        clocks.pass_time(0.010, waiting=0.002, blocked=0.006)  # receiving its gradients
+        assert stage.backward_one_chunk(chunk, loss=None) == chunk
+        assert stage.backward_weight_one_chunk(chunk) == chunk
+    sums = timer.take(clocks.now)
+    assert sums.stage_backward_s == pytest.approx(0.022)
+    assert sums.stage_backward_wait_s == pytest.approx(0.006)
+    assert errors == []
+    assert timer.take(clocks.now).stage_backward_s == 0.0  # reset for the next step
+    timer.remove()  # the stage's methods are its own again
+    assert base.backward_one_chunk is original
+    stage.backward_one_chunk(0)
+    assert timer.take(clocks.now).stage_backward_s == 0.0

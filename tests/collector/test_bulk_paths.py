@@ -146,7 +146,7 @@ def test_the_binary_copy_stream_matches_psycopgs_own_rows() -> None:
     stream = writes.step_copy(cols)
     assert stream.startswith(pgcopy.SIGNATURE) and stream.endswith(pgcopy.TRAILER)
     body = stream[len(pgcopy.SIGNATURE) : -len(pgcopy.TRAILER)]
-    # 20 fields: count, then job_id (1 byte), 18 numbers of 8 bytes and the loss.
-    assert len(body) == 2 + (4 + 1) + 19 * (4 + 8)
-    assert body[:2] == (20).to_bytes(2, "big") and body[2:7] == b"\x00\x00\x00\x01j"
+    # 22 fields: count, then job_id (1 byte), 20 numbers of 8 bytes and the loss.
+    assert len(body) == 2 + (4 + 1) + 21 * (4 + 8)
+    assert body[:2] == (22).to_bytes(2, "big") and body[2:7] == b"\x00\x00\x00\x01j"
     assert body[7:19] == (8).to_bytes(4, "big") + (3).to_bytes(8, "big")  # rank
