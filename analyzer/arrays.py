@@ -78,6 +78,9 @@ class StepArrays:
     # A pipeline stage's own time outside its schedule (`pipeline_own`); NaN where no pipeline
     # schedule was timed; None: not known.
     pipeline_own_s: F32 | None = None
+    # A pipeline stage's own time in its backward passes (`stage_backward_own`); NaN where
+    # none was timed; None: not known.
+    stage_backward_own_s: F32 | None = None
     _compute: F32 | None = field(default=None, repr=False, compare=False)
     _known_compute: F32 | None = field(default=None, repr=False, compare=False)
 
@@ -221,6 +224,17 @@ def pipeline_own(
     return np.where(inside > 0, own, np.nan)
 
 
+def stage_backward_own(
+    backward: npt.NDArray[np.float64], waits: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """A pipeline stage's own time in its backward passes, per step record: their time
+    (StepRecord.stage_backward_s) less its waits there for a CPU and in collectives
+    (stage_backward_wait_s). The schedule receives a chunk's gradients before the chunk's
+    backward runs: a peer slowed anywhere makes the stage wait outside these. NaN where none
+    was timed (0)."""
+    return np.where(backward > 0, np.fmax(backward - waits, 0.0), np.nan)
+
+
 def _assemble(
     job_id: str,
     steps: Sequence[schema.StepRecord],
@@ -247,6 +261,8 @@ def _assemble(
                 s.pipeline_s,
                 s.pipeline_cpu_wait_s,
                 s.pipeline_comm_wait_s,
+                s.stage_backward_s,
+                s.stage_backward_wait_s,
             )
             for s in steps
         ],
@@ -307,6 +323,7 @@ def _assemble(
         pipeline_own_s=scatter(
             pipeline_own(step_time, raw[:, 4], raw[:, 5], raw[:, 9], raw[:, 12:15])
         ),
+        stage_backward_own_s=scatter(stage_backward_own(raw[:, 15], raw[:, 16])),
         step_start_s=start,
         step_end_s=end,
         nodes=nodes,

@@ -106,6 +106,14 @@ class StragglerConfig:
     # stages shifted by 5-20 % of the step, at most 3.5x their usual change (flagged at
     # `min_shift` alone: 4 findings in 2,400 clean steps).
     outside_noise_ratio: float = 3.0
+    # ... and its shift in its own time in its backward passes (`forward_shift.backward_shift`)
+    # at least `backward_noise_ratio` times its usual change there. That time holds no wait for
+    # a peer: on the real 4-stage pipelines of the fault matrix (one run, 24 jobs) clean stages
+    # shifted by 4.2 % of the step at most, 2 steps at 5 %+ (7.4 %, beside a noisy neighbour),
+    # and a stage slowed 1.1x in backward by 14 %, 18 steps at 5 %+. Its usual change includes
+    # the job's first, noisier steps when the fault starts soon after them: at 3 that 1.1x
+    # stage was left with 3 steps, at 1 with all 18 (and the neighbour's one step with 2).
+    backward_noise_ratio: float = 1.0
     # The robust scale is taken over at least `scale_samples` rank-steps: one step's MAD over 4
     # ranks is decided by two of their deviations and swings by 2x from step to step (on real
     # 4-rank pipelines it let clean ranks score z > 4 and kept 1.25x stages at z ~3), so the
@@ -151,6 +159,10 @@ class StragglerConfig:
         _require(
             self.outside_noise_ratio > 0,
             f"outside_noise_ratio must be > 0, got {self.outside_noise_ratio}",
+        )
+        _require(
+            self.backward_noise_ratio > 0,
+            f"backward_noise_ratio must be > 0, got {self.backward_noise_ratio}",
         )
         _require(
             self.evidence_allowance >= 0,

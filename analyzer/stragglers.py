@@ -65,8 +65,10 @@ class Scores:
     forward: robust.BoolArray
     forward_z: robust.FloatArray
     # Of those, the cells whose shift is a pipeline stage's time outside its schedule
-    # (`forward_shift.outside_shift`), not its forward pass.
+    # (`forward_shift.outside_shift`), or its own time in its backward passes
+    # (`forward_shift.backward_shift`), not its forward pass.
     outside: robust.BoolArray
+    backward: robust.BoolArray
 
     def rows(self, start: int, stop: int) -> Scores:
         """The scores of rows [start, stop) (views, not copies)."""
@@ -173,9 +175,9 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         shifted = forward_shift.shift(a, reference, cfg)
     if shifted is None:
         f_flags, f_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
-        f_outside = np.zeros_like(c_flags)
+        f_outside, f_backward = np.zeros_like(c_flags), np.zeros_like(c_flags)
     else:
-        f_outside = shifted.outside[rows]
+        f_outside, f_backward = shifted.outside[rows], shifted.backward[rows]
         # Its strength, for the finding's confidence: the shift in `min_shift`s, at the
         # outlier threshold where it is one.
         f_z = (shifted.share[rows] * (cfg.z_threshold / cfg.min_shift)).astype(c_z.dtype)
@@ -193,6 +195,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         forward=f_flags & ~d_flags,
         forward_z=f_z,
         outside=f_outside,
+        backward=f_backward,
     )
     scored = c_z.shape[0]  # span, or fewer at a job's start
     return scores.rows(scored - last, scored) if scored > last > 0 else scores
@@ -548,13 +551,19 @@ class Own:
 
 
 # The shift's signals: a forward pass's time, or a pipeline stage's own time outside its
-# schedule (`StepArrays.pipeline_own_s`), with what the peers' evidence calls them.
+# schedule (`StepArrays.pipeline_own_s`) or in its backward passes (`stage_backward_own_s`),
+# with what the peers' evidence calls them.
 _OWN_SIGNALS = {
     "forward_time": ("forward_s", "peers_forward_ratio", "forward time"),
     "outside_pipeline_time": (
         "pipeline_own_s",
         "peers_outside_pipeline_ratio",
         "own time outside the pipeline schedule",
+    ),
+    "stage_backward_time": (
+        "stage_backward_own_s",
+        "peers_stage_backward_ratio",
+        "own time in the stage's backward passes",
     ),
 }
 
@@ -571,12 +580,19 @@ def _own_signal(
     col: int,
     cfg: config_mod.StragglerConfig,
 ) -> Own | None:
-    """The signal that flagged most of column `col`'s shifted rows (its forward time, or its
-    time outside a pipeline schedule) and its level before the episode; None where unknown."""
+    """The signal that flagged most of column `col`'s shifted rows (its forward time, its
+    time outside a pipeline schedule or in its backward passes) and its level before the
+    episode; None where unknown."""
     rows = slice(first, last + 1)
     shifted = scores.forward[rows, col]
     outside = int((shifted & scores.outside[rows, col]).sum())
-    label = "outside_pipeline_time" if 2 * outside > int(shifted.sum()) else "forward_time"
+    backward = int((shifted & scores.backward[rows, col]).sum())
+    counts = {
+        "forward_time": int(shifted.sum()) - outside - backward,
+        "outside_pipeline_time": outside,
+        "stage_backward_time": backward,
+    }
+    label = max(counts, key=counts.__getitem__)  # ties: the first (forward time)
     values = getattr(a, _OWN_SIGNALS[label][0])
     if values is None:
         return None

@@ -36,6 +36,8 @@ _PICK = [
         "pipeline_s",
         "pipeline_cpu_wait_s",
         "pipeline_comm_wait_s",
+        "stage_backward_s",
+        "stage_backward_wait_s",
     )
 ]
 _FIELDS = (
@@ -53,6 +55,7 @@ _FIELDS = (
     "forward_s",
     "forward_cpu_wait_s",
     "pipeline_own_s",
+    "stage_backward_own_s",
 )
 # Filled from collective aggregates by attribution, per row, when a row is viewed.
 _ATTRIBUTED = ("transfer_s", "wait_s", "hidden_wait_s")
@@ -252,6 +255,9 @@ class StepWindow:
         d["pipeline_own_s"][row, col] = arrays_mod.pipeline_own(
             step_time, values[:, 4], values[:, 5], values[:, 9], values[:, 12:15]
         )
+        d["stage_backward_own_s"][row, col] = arrays_mod.stage_backward_own(
+            values[:, 15], values[:, 16]
+        )
         np.add.at(self.reported, row[fresh], 1)
         np.minimum.at(self.start_s, row, values[:, 2])
         np.maximum.at(self.end_s, row, values[:, 3])
@@ -416,6 +422,7 @@ class StepWindow:
             forward_s=d["forward_s"],
             forward_cpu_wait_s=d["forward_cpu_wait_s"],
             pipeline_own_s=d["pipeline_own_s"],
+            stage_backward_own_s=d["stage_backward_own_s"],
             step_start_s=self.start_s[rows],
             step_end_s=self.end_s[rows],
             nodes=tuple(self._nodes),

@@ -23,6 +23,12 @@ shared cores), from `bench/faults.py`:
   schedule it was not reported (nor in 5 of 6 earlier matrix runs).
 - pp-clean-jitter/: no fault; every rank sleeps 0-30 % of a step (independently, each step)
   before its schedule: outside it, where the stage slowed after its optimizer step is.
+- pp-slow1.1-backward/: from step 8 a layer of rank 3's stage (the last) spins 10 % of the
+  job's step in its backward passes; the SDK timed the stage's backward passes
+  (`StepRecord.stage_backward_s`). Neither its forward time nor its time outside the schedule
+  grew, and without its backward time it was not reported (nor in the matrix run before).
+- pp-clean-cpu_hog-timed/: no fault, a busy process on every core, in that same run: its
+  stages' own backward times moved by 4.2 % of the step at most.
 """
 
 from __future__ import annotations
@@ -109,6 +115,65 @@ def test_a_clean_pipeline_jittering_outside_its_schedule_has_no_finding(mode: st
     a = arrays.from_records(records)
     assert a.pipeline_own_s is not None and np.isfinite(a.pipeline_own_s).all()
     assert recorded.analyse(mode, records) == []
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_stage_slowed_in_its_backward_passes_is_named_from_its_own_time_there(
+    mode: str,
+) -> None:
+    records = recorded.records(DATA / "pp-slow1.1-backward")
+    (found,) = recorded.analyse(mode, records)
+    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [3])
+    assert "stage_backward_time" in found.summary and "its own earlier steps" in found.summary
+    head = found.evidence[0]
+    assert head.metric == "stage_backward_time" and head.observed > 1.5 * head.baseline
+    peers = next(e for e in found.evidence if e.metric == "peers_stage_backward_ratio")
+    assert peers.observed < 1.2  # the other stages' own backward times did not grow
+    a = arrays.from_records(records)
+    row = int(np.searchsorted(a.step_end_s, found.detected_s))
+    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+    # Its backward passes untimed (an older SDK), the stage is not reported.
+    untimed = [
+        msgspec.structs.replace(r, stage_backward_s=0.0, stage_backward_wait_s=0.0)
+        if isinstance(r, schema.StepRecord)
+        else r
+        for r in records
+    ]
+    assert recorded.analyse(mode, untimed) == []
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_clean_pipeline_on_a_loaded_host_has_no_backward_shift(mode: str) -> None:
+    records = recorded.records(DATA / "pp-clean-cpu_hog-timed")
+    a = arrays.from_records(records)
+    assert a.stage_backward_own_s is not None and np.isfinite(a.stage_backward_own_s).all()
+    cfg = config.StragglerConfig()
+    shifted = forward_shift.backward_shift(a, cfg)
+    assert shifted is not None
+    share = shifted / stragglers._step_reference(a, cfg)
+    assert float(np.nanmax(share[cfg.warmup_steps :])) < cfg.min_shift
+    assert recorded.analyse(mode, records) == []
+
+
+def test_a_stages_own_backward_time_leaves_out_its_waits_there() -> None:
+    backward = np.array([0.012, 0.015, 0.0])
+    waits = np.array([0.002, 0.016, 0.0])  # a CPU wait and a gradient all-reduce in there
+    own = arrays.stage_backward_own(backward, waits)
+    assert own[:2] == pytest.approx([0.010, 0.0])
+    assert np.isnan(own[2])  # none timed
+
+
+def test_a_stages_own_backward_time_shifts_alone() -> None:
+    base = 0.005 * np.random.default_rng(2).uniform(0.95, 1.05, (STEPS, RANKS))
+    own = base.copy()
+    own[30:, 1] += 0.1 * STEP_S  # a slow layer in its backward passes from step 30
+    a = _job(_stages())
+    a.stage_backward_own_s = own.astype(np.float32)
+    shifted = _shift(a)
+    flagged = np.flatnonzero(shifted.flags[:, 1])
+    assert flagged.size >= 8 and 30 < flagged[0] <= 30 + 6
+    assert shifted.backward[flagged, 1].all() and not shifted.outside[flagged, 1].any()
+    assert not shifted.flags[:, [0, 2, 3]].any()
 
 
 def test_a_stages_own_time_outside_its_schedule_leaves_out_its_waits_there() -> None:

@@ -5,11 +5,11 @@ public SDK, under each parallel wrapper (DDP, FSDP2, DTensor TP, a 1F1B pipeline
 calling dist.all_reduce). Each wrapper's launch runs its cases in turn: a clean jittery job, and
 a 2x straggler in each position (before forward / a slow forward layer in the pipeline, a slow
 layer in backward, the optimizer step, data loading inside `span("data")`); the pipeline's
-launch also a 1.25x stage in the compute positions and a 1.1x one after its optimizer step,
-the plain loop's an intermittent straggler (2x every 4th step) and a ramp (1 % of a step more
-each step). Every case is analysed with `vigil analyze --json` as a user runs it. Hangs and a
-crash run on the plain loop and DDP. The full matrix, with magnitudes down to 1.1x and the
-online analyzer, is `bench/faults.py`.
+launch also a 1.25x stage in the compute positions and 1.1x ones in backward and after its
+optimizer step, the plain loop's an intermittent straggler (2x every 4th step) and a ramp (1 %
+of a step more each step). Every case is analysed with `vigil analyze --json` as a user runs
+it. Hangs and a crash run on the plain loop and DDP. The full matrix, with magnitudes down to
+1.1x and the online analyzer, is `bench/faults.py`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ POSITIONS = ("forward", "backward", "optimizer", "data")
 CULPRIT = {"forward": 1, "backward": 2, "optimizer": 3, "data": 0}
 EXPECTED_KIND = {"forward": "straggler", "backward": "straggler", "optimizer": "straggler"}
 PP_QUARTER = ("forward", "backward", "optimizer")  # 1.25x pipeline stragglers
+PP_TENTH = ("backward", "optimizer")  # 1.1x pipeline stragglers where only the SDK sees them
 
 
 def _analyze(folder: Path) -> list[dict[str, Any]]:
@@ -69,10 +70,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 # 40 faulty steps: at 28, a stage was missed in about one run in ten (its
                 # flags, ~z 4 on 2 shared cores, reached 8 of 12 steps late or not at all).
                 cases.append({"job": f"pp-{where}-1.25", "steps": 48, "seed": 5, "fault": fault})
-            # A stage a tenth slower after its optimizer step: outside its schedule.
-            fault = {"kind": "slow", "rank": CULPRIT["optimizer"], "factor": 1.1}
-            fault["where"] = "optimizer"
-            cases.append({"job": "pp-optimizer-1.1", "steps": 40, "seed": 5, "fault": fault})
+            # A stage a tenth slower after its optimizer step (outside its schedule) and in
+            # its backward passes (inside it, where its peers wait for it).
+            for where in PP_TENTH:
+                fault = {"kind": "slow", "rank": CULPRIT[where], "factor": 1.1, "where": where}
+                cases.append({"job": f"pp-{where}-1.1", "steps": 40, "seed": 5, "fault": fault})
         if wrapper == "plain":  # the shape of a rank's slowness: some steps, or more and more
             every = {"kind": "slow", "rank": 3, "factor": 2.0, "every": 4}
             ramp = {"kind": "slow", "rank": 2, "ramp": 0.01}
@@ -177,6 +179,34 @@ def test_a_pipeline_stage_a_tenth_slower_after_its_optimizer_step_is_named(
     assert outside[:, culprit].sum() >= cfg.min_hits
     assert int(a.steps[np.flatnonzero(outside[:, culprit])[0]]) <= 8 + 20
     assert not np.delete(outside, culprit, axis=1).any()
+
+
+def test_a_pipeline_stage_a_tenth_slower_in_its_backward_passes_is_named(
+    runs: dict[str, Path],
+) -> None:
+    """The SDK times the stage's backward passes (`StepRecord.stage_backward_s`): the
+    schedule receives a chunk's gradients before the chunk's backward runs, so their time less
+    the waits in them is the stage's own. A layer of stage 2 spins 10 % of a step in its
+    backward passes: its peers wait for it inside their schedules, and its forward time and
+    its time outside do not grow; its own backward time does (`backward_shift`)."""
+    folder = runs["pp-backward-1.1"]
+    steps = [
+        json.loads(line)
+        for path in sorted(folder.glob("rank-*.jsonl"))
+        for line in path.read_text().splitlines()
+        if '"type":"step"' in line
+    ]
+    assert all(0 < s["stage_backward_s"] < s["pipeline_s"] for s in steps)
+    found = _analyze(folder)
+    assert _named(found) == [("straggler", (CULPRIT["backward"],))], [f["summary"] for f in found]
+    assert found[0]["step_start"] <= 8 + 20
+    a = arrays.from_records(recorded.records(folder))
+    cfg = config.StragglerConfig()
+    scores = stragglers.score(a, cfg)
+    backward = scores.forward & scores.backward
+    culprit = int(np.searchsorted(a.ranks, CULPRIT["backward"]))
+    assert backward[:, culprit].sum() >= cfg.min_hits
+    assert not np.delete(backward, culprit, axis=1).any()
 
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
