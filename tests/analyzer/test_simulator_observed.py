@@ -95,21 +95,23 @@ def test_tensor_parallel_groups_and_a_pipeline_s_pairs_each_count_their_own_sequ
 
 def test_a_pipeline_s_stages_ship_their_schedule_and_forward_passes_without_their_p2p() -> None:
     """As the SDK times a pipeline: the schedule's time and the blocked time in it (the
-    recorder's, read at both ends), forward hooks that hold no send or receive. A stage slowed
+    recorder's, read at both ends), forward hooks and backward passes that hold no send or
+    receive. A stage slowed
     after its optimizer step makes the other stages wait inside their schedules."""
     slow = ob.Fault(kind=ob.FaultKind.STRAGGLER, rank=1, start_step=3, factor=2.0,
                     position=ob.Position.OPTIMIZER)  # fmt: skip
     cfg = ob.JobConfig(pp=2, dp=1, ddp=False, ranks_per_node=2, num_steps=6, jitter=0.0,
                        hiccup_rate=0.0, faults=(slow,))  # fmt: skip
-    steps = {
-        (r.rank, r.step): r for r in _records(ob.run(cfg)) if isinstance(r, schema.StepRecord)
-    }
+    steps = {(r.rank, r.step): r for r in _records(ob.run(cfg)) if isinstance(r, schema.StepRecord)}
     for (_rank, step), s in steps.items():
         assert s.forward_s < s.pipeline_s < s.end_s - s.start_s
         assert 0.0 < s.pipeline_comm_wait_s < s.pipeline_s
         # The compute of its 2 layers x 4 micro-batches: a third of the stage's compute, which
         # varies by the rank's speed, the step's swing and each layer's wobble.
         assert s.forward_s == pytest.approx(cfg.compute_s / 3, rel=0.2), step
+        # Its backward passes (0.6 of its compute), without the receives between them.
+        assert s.stage_backward_s == pytest.approx(0.6 * cfg.compute_s, rel=0.2), step
+        assert s.stage_backward_wait_s == 0.0  # no tensor-parallel all-reduce in there
         assert s.comm_wait_s == pytest.approx(s.pipeline_comm_wait_s, abs=1e-9)  # no dp group
     before, after = steps[(0, 2)], steps[(0, 4)]
     # Stage 0 waits for the slowed stage 1 (0.6 s more compute) in its schedule's receives.
@@ -117,7 +119,8 @@ def test_a_pipeline_s_stages_ship_their_schedule_and_forward_passes_without_thei
     assert after.forward_s == pytest.approx(before.forward_s, rel=0.2)
     # Without a pipeline nothing is inside a schedule.
     flat = _records(ob.run(ob.JobConfig(tp=2, dp=2, ddp=False, ranks_per_node=4, num_steps=2)))
-    assert all(r.pipeline_s == 0.0 for r in flat if isinstance(r, schema.StepRecord))
+    flat_steps = [r for r in flat if isinstance(r, schema.StepRecord)]
+    assert all(r.pipeline_s == r.stage_backward_s == 0.0 for r in flat_steps)
 
 
 def test_a_hang_stops_everyone_who_waits_for_the_culprit_in_that_collective() -> None:

@@ -199,6 +199,7 @@ class Job:
         self.records.extend(self._identity())
         self.steps_done = 0
         self._p2p_s = np.zeros(n)  # per rank: seconds in sends and receives this pass
+        self._blocked_s = np.zeros(n)  # ... and in blocking collectives
 
     # -- set-up -----------------------------------------------------------------------------
     def _load_steps(self) -> set[int]:
@@ -272,6 +273,7 @@ class Job:
         groups = [objs[g] for g in range(members.shape[0]) for _ in range(members.shape[1])]
         ops.append(sdk.Op(members.reshape(-1), arrive.reshape(-1), end.reshape(-1), groups, op,
                        nbytes, blocking=True))  # fmt: skip
+        self._blocked_s[members] += end - arrive
         self.t[members] = end
 
     def _p2p(self, ops: list[sdk.Op], src: I64, dst: I64, sent: F64, nbytes: int) -> None:
@@ -323,13 +325,18 @@ class Job:
         fwd_end = self.t.copy()
         fwd_p2p = self._p2p_s.copy()  # outside the stage's forward hooks
         bwd_total = compute * 0.6 + extra[Position.BACKWARD]
+        stage_bwd: tuple[F64, F64] | None = None
         if hang is not None and stop_at is Position.BACKWARD:  # halfway through its backward
             self.t[hang.rank] += bwd_total[hang.rank] / 2
             self._stop(hang.rank, i)
         if cfg.ddp:
             self._ddp_backward(ops, bwd_total)
         else:
+            self._p2p_s, self._blocked_s = np.zeros(n), np.zeros(n)
             self._passes(ops, bwd_total / chunks, forward=False)
+            # The stage's backward passes, as the SDK times them: not their sends and
+            # receives (the schedule's), their tensor-parallel all-reduces as waits in them.
+            stage_bwd = (self.t - fwd_end - self._p2p_s, self._blocked_s.copy())
             if lay.dp_groups is not None:
                 self._collective(ops, lay.dp_groups, lay.dp_objs, "all_reduce", 1 << 26,
                                  cfg.dp_transfer_s)  # fmt: skip
@@ -345,6 +352,7 @@ class Job:
             forward_s=fwd_end - fwd_start - fwd_p2p, backward_s=bwd_end - fwd_end,
             optimizer_s=self.t - bwd_end, pipeline_start=fwd_start if piped else None,
             pipeline_end=bwd_end if piped else None,
+            stage_backward=stage_bwd if piped else None,
         )  # fmt: skip
         self._record(i, ops, times)
         self.steps_done += 1

@@ -77,6 +77,9 @@ class StepTimes:
     # `step` and reads the recorder's blocked time at both ends.
     pipeline_start: F64 | None = None
     pipeline_end: F64 | None = None
+    # The stage's backward passes (pp > 1): their seconds, and of them its waits in
+    # collectives there (the SDK's `stage_backward_s`, `stage_backward_wait_s`).
+    stage_backward: tuple[F64, F64] | None = None
 
 
 Event = tuple[float, int, int, Op]  # (true time, 1 begin / 0 finish, key, op)
@@ -172,6 +175,10 @@ class RankSdk:
             return []  # the step never ended: no record (its ops stay in the recorder)
         blocked_at += [rec.blocked_s] * (len(ends) - len(blocked_at))
         pipeline = (0.0, 0.0) if not ends else (ends[1] - ends[0], blocked_at[1] - blocked_at[0])
+        stage_backward = times.stage_backward
+        backward = (0.0, 0.0) if stage_backward is None else (
+            float(stage_backward[0][r]), float(stage_backward[1][r])
+        )  # fmt: skip
         self._now[0] = self._mono(end)
         aggs, blocked, _total = rec.swap()
         util = mfu_mod.mfu(flops_per_token=FLOPS_PER_TOKEN, tokens=TOKENS, seconds=end - start,
@@ -181,7 +188,8 @@ class RankSdk:
             background.EndedStep(
                 step, self._mono(start), self._mono(end), TOKENS, 2.0,
                 PhaseSums(float(times.forward_s[r]), float(times.backward_s[r]),
-                          float(times.optimizer_s[r]), 0.0, pipeline[0], 0.0, pipeline[1]),
+                          float(times.optimizer_s[r]), 0.0, pipeline[0], 0.0, pipeline[1],
+                          *backward),
                 blocked, aggs, data, util,
             )
         )  # fmt: skip
