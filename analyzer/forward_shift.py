@@ -1,6 +1,6 @@
 """A rank whose forward pass (or, in a pipeline whose schedules the SDK timed, its own time
-outside its schedule: `outside_shift`) became slower than its own earlier steps while its peers'
-did not.
+outside its schedule, `outside_shift`, or in its backward passes, `backward_shift`) became
+slower than its own earlier steps while its peers' did not.
 
 `stragglers.py` compares each rank's compute with its peers' at the same step, which needs
 peers doing the same work. A pipeline's stages do not: each holds other layers, the first the
@@ -35,7 +35,9 @@ Where the ranks' tokens vary from step to step the forward time per token is com
 A stage slowed outside its forward pass, after its optimizer step, leaves its forward time as
 it was; its peers wait for it inside their schedules. Where the SDK timed the schedules
 (`StepRecord.pipeline_s`), a stage's own time outside its schedule, less its waits there, is
-compared the same way (`outside_shift`), and the larger of the two shares counts. Pure numpy.
+compared the same way (`outside_shift`); so is a stage's own time in its backward passes
+(`backward_shift`), where one slowed there (a slow layer) shows and its peers' waits for it do
+not. The largest of the three shares counts. Pure numpy.
 """
 
 from __future__ import annotations

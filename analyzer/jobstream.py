@@ -433,11 +433,12 @@ class JobStream:
         return out
 
     def _still_shifted(self, finding: schema.Finding, cols: list[int]) -> bool:
-        """Whether a shift finding's rank is still slow: its shift (of its forward time, or of
-        its time outside a pipeline schedule) is measured against its own earlier steps, which
-        come to hold the slow ones (`forward_shift.py`) and end its flags while the rank stays
-        slow. It stays open while the rank's signal (its last `smooth_steps` steps' trimmed
-        mean) keeps at least half its reported excess over its earlier level."""
+        """Whether a shift finding's rank is still slow: its shift (of its forward time, of its
+        time outside a pipeline schedule or in its backward passes) is measured against its own
+        earlier steps, which come to hold the slow ones (`forward_shift.py`) and end its flags
+        while the rank stays slow. It stays open while the rank's signal (its last
+        `smooth_steps` steps' trimmed mean) keeps at least half its reported excess over its
+        earlier level."""
         head = finding.evidence[0] if finding.evidence else None
         field = stragglers.OWN_FIELDS.get(head.metric) if head is not None else None
         if head is None or field is None or head.baseline is None:
