@@ -92,33 +92,26 @@ def uninstall(timer: Timer) -> None:
 _MARK = "__vigil_timed__"
 
 
-def _timed_step(step: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(step)
-    def timed_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timer = _active
-        if timer is None:
-            return step(self, *args, **kwargs)
-        timer.enter_pipeline()  # fail-open: PhaseTimer's hooks never raise
-        try:
-            return step(self, *args, **kwargs)
-        finally:
-            timer.leave_pipeline()
+def _timed_by(enter: str, leave: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper of a method whose calls the active timer's `enter` and `leave` hooks time."""
 
-    setattr(timed_step, _MARK, True)
-    return timed_step
+    def timed(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def timed_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            timer = _active
+            if timer is None:
+                return method(self, *args, **kwargs)
+            getattr(timer, enter)()  # fail-open: PhaseTimer's hooks never raise
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                getattr(timer, leave)()
+
+        setattr(timed_method, _MARK, True)
+        return timed_method
+
+    return timed
 
 
-def _timed_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(backward)
-    def timed_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timer = _active
-        if timer is None:
-            return backward(self, *args, **kwargs)
-        timer.enter_stage_backward()  # fail-open, as above
-        try:
-            return backward(self, *args, **kwargs)
-        finally:
-            timer.leave_stage_backward()
-
-    setattr(timed_backward, _MARK, True)
-    return timed_backward
+_timed_step = _timed_by("enter_pipeline", "leave_pipeline")
+_timed_backward = _timed_by("enter_stage_backward", "leave_stage_backward")

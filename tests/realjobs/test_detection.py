@@ -48,6 +48,16 @@ def _analyze(folder: Path) -> list[dict[str, Any]]:
     return list(json.loads(done.stdout)["findings"])
 
 
+def _steps(folder: Path) -> list[dict[str, Any]]:
+    """Every step record the job's ranks wrote, as JSON."""
+    return [
+        json.loads(line)
+        for path in sorted(folder.glob("rank-*.jsonl"))
+        for line in path.read_text().splitlines()
+        if '"type":"step"' in line
+    ]
+
+
 def _named(findings: list[dict[str, Any]]) -> list[tuple[str, list[int]]]:
     return sorted({(f["kind"], tuple(f["subjects"].get("ranks", []))) for f in findings})  # type: ignore[misc]
 
@@ -156,12 +166,7 @@ def test_a_pipeline_stage_a_tenth_slower_after_its_optimizer_step_is_named(
     forward time does not grow and its peers wait for it inside their schedules; its own time
     outside its schedule grows (analyzer/forward_shift.py, `outside_shift`)."""
     folder = runs["pp-optimizer-1.1"]
-    steps = [
-        json.loads(line)
-        for path in sorted(folder.glob("rank-*.jsonl"))
-        for line in path.read_text().splitlines()
-        if '"type":"step"' in line
-    ]
+    steps = _steps(folder)
     assert len(steps) == 4 * 40
     assert all(0 < s["pipeline_s"] < s["end_s"] - s["start_s"] for s in steps)
     found = _analyze(folder)
@@ -171,14 +176,7 @@ def test_a_pipeline_stage_a_tenth_slower_after_its_optimizer_step_is_named(
     assert found[0]["step_start"] <= 8 + 20
     # Its own time outside flags it (whether or not its compute, against its peers', also
     # did: the finding then says compute_time), and no other stage's.
-    a = arrays.from_records(recorded.records(folder))
-    cfg = config.StragglerConfig()
-    scores = stragglers.score(a, cfg)
-    outside = scores.forward & scores.outside
-    culprit = int(np.searchsorted(a.ranks, CULPRIT["optimizer"]))
-    assert outside[:, culprit].sum() >= cfg.min_hits
-    assert int(a.steps[np.flatnonzero(outside[:, culprit])[0]]) <= 8 + 20
-    assert not np.delete(outside, culprit, axis=1).any()
+    _flagged_alone_by(folder, "outside", CULPRIT["optimizer"])
 
 
 def test_a_pipeline_stage_a_tenth_slower_in_its_backward_passes_is_named(
@@ -190,23 +188,25 @@ def test_a_pipeline_stage_a_tenth_slower_in_its_backward_passes_is_named(
     backward passes: its peers wait for it inside their schedules, and its forward time and
     its time outside do not grow; its own backward time does (`backward_shift`)."""
     folder = runs["pp-backward-1.1"]
-    steps = [
-        json.loads(line)
-        for path in sorted(folder.glob("rank-*.jsonl"))
-        for line in path.read_text().splitlines()
-        if '"type":"step"' in line
-    ]
+    steps = _steps(folder)
     assert all(0 < s["stage_backward_s"] < s["pipeline_s"] for s in steps)
     found = _analyze(folder)
     assert _named(found) == [("straggler", (CULPRIT["backward"],))], [f["summary"] for f in found]
     assert found[0]["step_start"] <= 8 + 20
+    _flagged_alone_by(folder, "backward", CULPRIT["backward"])
+
+
+def _flagged_alone_by(folder: Path, signal: str, rank: int) -> None:
+    """`rank`'s shift in `signal` (a `stragglers.Scores` field: `outside`, `backward`) is
+    flagged in enough steps, from within 20 of the fault's onset, and no other rank's is."""
     a = arrays.from_records(recorded.records(folder))
     cfg = config.StragglerConfig()
     scores = stragglers.score(a, cfg)
-    backward = scores.forward & scores.backward
-    culprit = int(np.searchsorted(a.ranks, CULPRIT["backward"]))
-    assert backward[:, culprit].sum() >= cfg.min_hits
-    assert not np.delete(backward, culprit, axis=1).any()
+    shifted = scores.forward & getattr(scores, signal)
+    culprit = int(np.searchsorted(a.ranks, rank))
+    assert shifted[:, culprit].sum() >= cfg.min_hits
+    assert int(a.steps[np.flatnonzero(shifted[:, culprit])[0]]) <= 8 + 20
+    assert not np.delete(shifted, culprit, axis=1).any()
 
 
 def test_hangs_and_a_crash_name_their_rank(tmp_path: Path) -> None:
