@@ -36,6 +36,7 @@ _BASES = ("PipelineScheduleSingle", "PipelineScheduleMulti")
 _STAGE_MODULE = "torch.distributed.pipelining.stage"
 _STAGE_BASE = "_PipelineStageBase"
 _BACKWARDS = ("backward_one_chunk", "backward_weight_one_chunk")
+_MARK = "__vigil_timed__"  # on a wrapper: the class's method is wrapped already
 
 
 class Timer(Protocol):
@@ -87,9 +88,6 @@ def uninstall(timer: Timer) -> None:
     for (cls, name), original in _originals.items():
         setattr(cls, name, original)
     _originals.clear()
-
-
-_MARK = "__vigil_timed__"
 
 
 def _timed_by(enter: str, leave: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

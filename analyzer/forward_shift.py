@@ -45,22 +45,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from vigil.analyzer import arrays as arrays_mod
 from vigil.analyzer import config as config_mod
 from vigil.analyzer import robust
 
+# The signals a shift is read from, numbered in this order by `Shift.signal`: the forward
+# pass's time, a pipeline stage's own time outside its schedule (`outside_shift`) and in its
+# backward passes (`backward_shift`).
+SIGNALS = ("forward", "outside", "backward")
+OUTSIDE, BACKWARD = SIGNALS.index("outside"), SIGNALS.index("backward")
+
 
 @dataclass(kw_only=True)
 class Shift:
-    """Per [step, rank]: flags, and the shift as a share of the step's median step time."""
+    """Per [step, rank]: flags, the shift as a share of the step's median step time, and the
+    signal it is (an index into `SIGNALS`: the largest share's)."""
 
     flags: robust.BoolArray
     share: robust.FloatArray
-    # Where the share is a pipeline stage's time outside its schedule (`outside_shift`), or
-    # its own time in its backward passes (`backward_shift`).
-    outside: robust.BoolArray
-    backward: robust.BoolArray
+    signal: npt.NDArray[np.int8]
+
+    @property
+    def outside(self) -> robust.BoolArray:
+        return is_signal(self.signal, OUTSIDE)
+
+    @property
+    def backward(self) -> robust.BoolArray:
+        return is_signal(self.signal, BACKWARD)
+
+
+def is_signal(signal: npt.NDArray[np.int8], index: int) -> robust.BoolArray:
+    """Where `signal` (indices into `SIGNALS`) is `SIGNALS[index]`."""
+    out: robust.BoolArray = np.equal(signal, index)
+    return out
 
 
 def history_rows(cfg: config_mod.StragglerConfig) -> int:
@@ -132,16 +151,14 @@ def shift(
         if per_token:  # back to seconds, at the step's median tokens
             net = net * robust.nanmedian(a.tokens, 1, keepdims=True)
     with np.errstate(invalid="ignore"):
-        share = net / step_time
-        chosen: list[robust.BoolArray] = []
+        shares = [net / step_time]
         for other in (outside_shift(a, cfg), backward_shift(a, cfg)):
-            other_share = np.full_like(share, np.nan) if other is None else other / step_time
-            larger = other_share > share
-            larger |= np.isnan(share) & np.isfinite(other_share)
-            share = np.where(larger, other_share, share)  # the larger (NaN where none is known)
-            chosen = [c & ~larger for c in chosen] + [larger]
-        outside, backward = chosen
-        return Shift(flags=share >= cfg.min_shift, share=share, outside=outside, backward=backward)
+            shares.append(np.full_like(shares[0], np.nan) if other is None else other / step_time)
+        stacked = np.stack(shares)  # in SIGNALS order
+        # The largest share (ties: the first signal's), NaN where none is known.
+        which = np.argmax(np.nan_to_num(stacked, nan=-np.inf), axis=0)
+        share = np.take_along_axis(stacked, which[None], axis=0)[0]
+        return Shift(flags=share >= cfg.min_shift, share=share, signal=which.astype(np.int8))
 
 
 def outside_shift(

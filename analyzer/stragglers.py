@@ -64,11 +64,17 @@ class Scores:
     # not (`forward_shift.py`): a compute straggler among ranks doing different work.
     forward: robust.BoolArray
     forward_z: robust.FloatArray
-    # Of those, the cells whose shift is a pipeline stage's time outside its schedule
-    # (`forward_shift.outside_shift`), or its own time in its backward passes
-    # (`forward_shift.backward_shift`), not its forward pass.
-    outside: robust.BoolArray
-    backward: robust.BoolArray
+    # Which signal each cell's shift is (an index into `forward_shift.SIGNALS`: the forward
+    # pass, a pipeline stage's own time outside its schedule or in its backward passes).
+    signal: npt.NDArray[np.int8]
+
+    @property
+    def outside(self) -> robust.BoolArray:
+        return forward_shift.is_signal(self.signal, forward_shift.OUTSIDE)
+
+    @property
+    def backward(self) -> robust.BoolArray:
+        return forward_shift.is_signal(self.signal, forward_shift.BACKWARD)
 
     def rows(self, start: int, stop: int) -> Scores:
         """The scores of rows [start, stop) (views, not copies)."""
@@ -175,9 +181,9 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         shifted = forward_shift.shift(a, reference, cfg)
     if shifted is None:
         f_flags, f_z = np.zeros_like(c_flags), np.full_like(c_z, np.nan)
-        f_outside, f_backward = np.zeros_like(c_flags), np.zeros_like(c_flags)
+        f_signal = np.zeros(c_flags.shape, dtype=np.int8)
     else:
-        f_outside, f_backward = shifted.outside[rows], shifted.backward[rows]
+        f_signal = shifted.signal[rows]
         # Its strength, for the finding's confidence: the shift in `min_shift`s, at the
         # outlier threshold where it is one.
         f_z = (shifted.share[rows] * (cfg.z_threshold / cfg.min_shift)).astype(c_z.dtype)
@@ -194,8 +200,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
         cpu_z=cpu_z,
         forward=f_flags & ~d_flags,
         forward_z=f_z,
-        outside=f_outside,
-        backward=f_backward,
+        signal=f_signal,
     )
     scored = c_z.shape[0]  # span, or fewer at a job's start
     return scores.rows(scored - last, scored) if scored > last > 0 else scores
@@ -550,9 +555,9 @@ class Own:
     baseline: float
 
 
-# The shift's signals: a forward pass's time, or a pipeline stage's own time outside its
-# schedule (`StepArrays.pipeline_own_s`) or in its backward passes (`stage_backward_own_s`),
-# with what the peers' evidence calls them.
+# The shift's signals (in `forward_shift.SIGNALS` order): a forward pass's time, or a pipeline
+# stage's own time outside its schedule (`StepArrays.pipeline_own_s`) or in its backward passes
+# (`stage_backward_own_s`), with what the peers' evidence calls them.
 _OWN_SIGNALS = {
     "forward_time": ("forward_s", "peers_forward_ratio", "forward time"),
     "outside_pipeline_time": (
@@ -584,15 +589,9 @@ def _own_signal(
     time outside a pipeline schedule or in its backward passes) and its level before the
     episode; None where unknown."""
     rows = slice(first, last + 1)
-    shifted = scores.forward[rows, col]
-    outside = int((shifted & scores.outside[rows, col]).sum())
-    backward = int((shifted & scores.backward[rows, col]).sum())
-    counts = {
-        "forward_time": int(shifted.sum()) - outside - backward,
-        "outside_pipeline_time": outside,
-        "stage_backward_time": backward,
-    }
-    label = max(counts, key=counts.__getitem__)  # ties: the first (forward time)
+    signals = scores.signal[rows, col][scores.forward[rows, col]]
+    counts = np.bincount(signals, minlength=len(_OWN_SIGNALS))
+    label = list(_OWN_SIGNALS)[int(np.argmax(counts))]  # ties: the first (forward time)
     values = getattr(a, _OWN_SIGNALS[label][0])
     if values is None:
         return None
