@@ -8,12 +8,12 @@ Every step, each rank's compute and data-loading time (averaged over its last `s
 the largest left out) is scored against the other ranks (median/MAD, within its pipeline stage when
 it has 3 ranks or more; smaller stages are scored together, and there a stage slow as a whole is
 its imbalance, not its ranks' fault; a group of fewer than `scale_samples` ranks takes its scale
-over its last few steps, and there compute high at `corroborated_z` counts when the rank's wait
-is as low); a rank flagged in `min_hits` of the last `window` steps is reported, a compute
-straggler once its unsmoothed steps also carry the evidence (`excess.py`: a CUSUM of its excess
-over its peers' median, so a clean rank's short run of high jitter is not one, or its slow
-steps' period); a
-job's first `warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute
+over its last few steps, and there compute high at `small_group_z` counts where its ranks do the
+same work, and at `corroborated_z` when the rank's wait is as low); a rank flagged in
+`min_hits` of the last `window` steps is reported, a compute straggler once its unsmoothed
+steps also carry the evidence (`excess.py`: a CUSUM of its excess over its peers' median, so a
+clean rank's short run of high jitter is not one, or its slow steps' period); a job's first
+`warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute
 stragglers (with GPU throttling noted from NVML clocks), data-loader stalls, and compute that
 only follows a larger share of tokens (sequence-length imbalance, reported for the job rather
 than the rank).
@@ -133,7 +133,12 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     compute = smooth(a.known_compute_s())
     c_flags, c_z, c_med = outliers(compute, stages)
     wait = smooth(a.comm_wait_s)
-    c_flags |= _corroborated(compute, c_z, c_med, wait, stages, step_time, cfg)
+    # Ranks scored together that do different work (a pipeline's stages) are compared with
+    # their own earlier steps below; their computes are no peers' at a lower bar.
+    own = compares_own_forward(a.stages, sends_p2p=any(op == "p2p" for _, op in a.agg_keys))
+    c_flags |= _small_group_outliers(
+        compute, c_z, c_med, wait, stages, step_time, cfg, same_work=not own
+    )
     c_flags &= ~_in_slow_stage(compute, a.stages, stages, step_time, cfg)
     explained = np.zeros_like(c_flags)
     if c_flags.any() and _tokens_vary(a.tokens):
@@ -176,7 +181,7 @@ def score(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig, *, last: in
     c_flags &= held
     cpu_flags &= held
     shifted = None
-    if compares_own_forward(a.stages, sends_p2p=any(op == "p2p" for _, op in a.agg_keys)):
+    if own:
         reference = _step_reference(a, cfg) if last else step_time  # every row's, once
         shifted = forward_shift.shift(a, reference, cfg)
     if shifted is None:
@@ -212,7 +217,7 @@ def _step_reference(a: arrays_mod.StepArrays, cfg: config_mod.StragglerConfig) -
     return robust.nanmedian(smoothed, 1, keepdims=True)
 
 
-def _corroborated(
+def _small_group_outliers(
     compute: robust.FloatArray,
     compute_z: robust.FloatArray,
     compute_med: robust.FloatArray,
@@ -220,30 +225,37 @@ def _corroborated(
     stages: npt.NDArray[np.int32] | None,
     step_time: robust.FloatArray,
     cfg: config_mod.StragglerConfig,
+    *,
+    same_work: bool,
 ) -> robust.BoolArray:
-    """Ranks whose compute is high at `cfg.corroborated_z` (late by the minimum excess) while
-    their communication wait is as far below their peers': both halves of a straggler's
-    signature at once (it computes more and waits least), each short of `z_threshold` alone.
-    Only in groups of fewer than `cfg.scale_samples` ranks: among thousands, a rank's own
-    steady speed reaches z 3 on both readings at once (they move together)."""
+    """Ranks of groups of fewer than `cfg.scale_samples` ranks whose compute is high (late by
+    the minimum excess) short of `z_threshold`: at `cfg.small_group_z` alone where they do
+    the same work (`same_work`: not a pipeline's stages scored together), or at
+    `cfg.corroborated_z` while their communication wait is as far below their peers': both
+    halves of a straggler's signature at once (it computes more and waits least). Not among
+    thousands of ranks: there a rank's own steady speed reaches z 3.5, and z 3 on both
+    readings at once (they move together)."""
     small = _group_sizes(stages, compute.shape[1]) < cfg.scale_samples
     if not small.any():
         return np.zeros(compute.shape, dtype=bool)
-    low_wait, _, _ = robust.high_outliers(
-        -wait,
-        z_threshold=cfg.corroborated_z,
-        min_excess=cfg.min_excess,
-        scale_floor=cfg.scale_floor,
-        groups=stages,
-        reference=step_time,
-        min_samples=cfg.scale_samples,
-        max_rows=cfg.window,
-    )
     with np.errstate(invalid="ignore"):
-        high = (compute_z > cfg.corroborated_z) & (
-            compute - compute_med > cfg.min_excess * step_time
+        late = compute - compute_med > cfg.min_excess * step_time
+    alone = cfg.small_group_z if same_work else cfg.z_threshold
+    high = late & (compute_z > alone)
+    if cfg.corroborated_z < alone:
+        low_wait, _, _ = robust.high_outliers(
+            -wait,
+            z_threshold=cfg.corroborated_z,
+            min_excess=cfg.min_excess,
+            scale_floor=cfg.scale_floor,
+            groups=stages,
+            reference=step_time,
+            min_samples=cfg.scale_samples,
+            max_rows=cfg.window,
         )
-    return high & low_wait & small
+        with np.errstate(invalid="ignore"):
+            high |= late & (compute_z > cfg.corroborated_z) & low_wait
+    return high & small
 
 
 def _in_slow_stage(

@@ -20,9 +20,17 @@ in data/jsonl_pipeline/:
 Pooled over 12 steps (48 deviations), the scale is stable: the slow stage scores z ~5 and the
 clean ranks stay under 3. A rank whose compute is high at z 3 while its wait is as low (both
 halves of a straggler's signature) is flagged too (`StragglerConfig.corroborated_z`).
+
+Where the ranks of a small group do the same work, compute high at z 3.5 alone counts
+(`StragglerConfig.small_group_z`). data/jsonl_straggler/ddp-slow1.1-backward/ is a real 4-rank
+DDP job of `bench/faults.py` (2 shared cores, steps of 30-100 ms): from step 8 rank 3's
+backward sleeps a tenth of a step. It scored z 3-4 for 12 straight steps, flagged at z 4 in 5 of
+them, and was not reported.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -30,17 +38,21 @@ import pytest
 from tests.analyzer import recorded
 from tests.analyzer.recorded import analyse, named
 from vigil import schema
-from vigil.analyzer import config, robust
+from vigil.analyzer import arrays, config, robust, stragglers
 
 DATA = recorded.DATA / "jsonl_pipeline"
 # As scored before: each step's own MAD, compute alone, no accumulated-excess test.
 PER_STEP = config.AnalyzerConfig(
-    straggler=config.StragglerConfig(scale_samples=1, corroborated_z=4.0, evidence_threshold=0.0)
+    straggler=config.StragglerConfig(
+        scale_samples=1, corroborated_z=4.0, small_group_z=4.0, evidence_threshold=0.0
+    )
 )
 # ... and without its forward pass compared with its own earlier steps (forward_shift.py).
 COMPUTE_ALONE = config.AnalyzerConfig(
-    straggler=config.StragglerConfig(corroborated_z=4.0, min_shift=9.0)
+    straggler=config.StragglerConfig(corroborated_z=4.0, small_group_z=4.0, min_shift=9.0)
 )
+# Compute outliers of small groups at z 4 alone (before `small_group_z`).
+AT_Z4 = config.AnalyzerConfig(straggler=config.StragglerConfig(small_group_z=4.0))
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
@@ -67,6 +79,26 @@ def test_a_stage_that_computes_more_and_waits_least_is_named_soon(mode: str) -> 
     # By its compute alone, the same stage was reported 29 steps after the onset.
     (late,) = analyse(mode, records, COMPUTE_ALONE)
     assert late.subjects.ranks == [1] and late.step_start > 8 + 20
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_ddp_rank_a_tenth_slower_in_backward_is_named_at_the_small_group_bar(mode: str) -> None:
+    records = recorded.records(recorded.DATA / "jsonl_straggler" / "ddp-slow1.1-backward")
+    (found,) = analyse(mode, records)
+    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [3])
+    assert 8 <= found.step_start <= 8 + 20  # within 20 steps of the onset
+    # At z 4 alone, as before, the same job was not reported.
+    assert analyse(mode, records, AT_Z4) == []
+
+
+def test_pipeline_stages_scored_together_keep_the_full_bar() -> None:
+    # Rank 3 of the clean jittery pipeline: stages do different work, so z 3.5 does not flag
+    # them (at 3.5 its scattered flags became persistent, 8 of 12 steps).
+    a = arrays.from_records(recorded.records(DATA / "clean-jitter"))
+    cfg = config.StragglerConfig()
+    at_default = stragglers.score(a, cfg).compute
+    at_z4 = stragglers.score(a, dataclasses.replace(cfg, small_group_z=4.0)).compute
+    np.testing.assert_array_equal(at_default, at_z4)
 
 
 def test_the_scale_pools_enough_steps_for_its_samples_and_no_more() -> None:
