@@ -22,7 +22,7 @@ clean ranks stay under 3. A rank whose compute is high at z 3 while its wait is 
 halves of a straggler's signature) is flagged too (`StragglerConfig.corroborated_z`).
 
 Where the ranks of a small group do the same work, compute high at z 3.5 alone counts
-(`StragglerConfig.small_group_z`). data/jsonl_straggler/ddp-slow1.1-backward/ is a real 4-rank
+(`StragglerConfig.small_group_z`). data/jsonl_small_group/ddp-slow1.1-backward/ is a real 4-rank
 DDP job of `bench/faults.py` (2 shared cores, steps of 30-100 ms): from step 8 rank 3's
 backward sleeps a tenth of a step. It scored z 3-4 for 12 straight steps, flagged at z 4 in 5 of
 them, and was not reported.
@@ -83,7 +83,7 @@ def test_a_stage_that_computes_more_and_waits_least_is_named_soon(mode: str) -> 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_ddp_rank_a_tenth_slower_in_backward_is_named_at_the_small_group_bar(mode: str) -> None:
-    records = recorded.records(recorded.DATA / "jsonl_straggler" / "ddp-slow1.1-backward")
+    records = recorded.records(recorded.DATA / "jsonl_small_group" / "ddp-slow1.1-backward")
     (found,) = analyse(mode, records)
     assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [3])
     assert 8 <= found.step_start <= 8 + 20  # within 20 steps of the onset
