@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -26,6 +27,15 @@ class _Clocks:
         self.now += seconds
         self.waited += waiting
         self.blocked += blocked
+
+    def timer(self, on_error: Callable[[BaseException], None]) -> phases.PhaseTimer:
+        """A phase timer that reads these clocks."""
+        return phases.PhaseTimer(
+            on_error=on_error,
+            clock=lambda: self.now,
+            cpu_wait=lambda: self.waited,
+            comm_blocked=lambda: self.blocked,
+        )
 
 
 class _Layer(torch.nn.Module):
@@ -98,12 +108,7 @@ def test_time_inside_pipeline_schedules_and_their_waits_are_summed_per_step(
     monkeypatch.setitem(sys.modules, schedules._MODULE, module)
     original = module.PipelineScheduleSingle.step
     errors: list[BaseException] = []
-    timer = phases.PhaseTimer(
-        on_error=errors.append,
-        clock=lambda: clocks.now,
-        cpu_wait=lambda: clocks.waited,
-        comm_blocked=lambda: clocks.blocked,
-    )
+    timer = clocks.timer(errors.append)
     timer.watch(_Layer(clocks, 0.0, 0.0), None)
     clocks.pass_time(0.010, waiting=0.002, blocked=0.001)  # data, outside any schedule
     assert module.PipelineScheduleSingle().step() == "stepped"
@@ -205,12 +210,7 @@ def test_a_stages_backward_passes_and_their_waits_are_summed_per_step(
     base = stage_module._PipelineStageBase
     original = base.backward_one_chunk
     errors: list[BaseException] = []
-    timer = phases.PhaseTimer(
-        on_error=errors.append,
-        clock=lambda: clocks.now,
-        cpu_wait=lambda: clocks.waited,
-        comm_blocked=lambda: clocks.blocked,
-    )
+    timer = clocks.timer(errors.append)
     timer.watch(_Layer(clocks, 0.0, 0.0), None)
     stage = base()
     for chunk in range(2):

@@ -46,22 +46,49 @@ ONSET = 8
 OFF = config.AnalyzerConfig(straggler=config.StragglerConfig(min_shift=9.0))
 
 
+def _named_from_its_own(
+    mode: str,
+    records: list[schema.Record],
+    rank: int,
+    metric: str,
+    peers_metric: str,
+    *,
+    grew: float,
+    peers_below: float,
+) -> None:
+    """The job's one finding names `rank` a straggler, within 20 steps of the onset, by its
+    own `metric` against its earlier steps (up more than `grew` times), its peers' ratio of
+    the same (`peers_metric`) under `peers_below`."""
+    (found,) = recorded.analyse(mode, records)
+    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [rank])
+    assert metric in found.summary and "its own earlier steps" in found.summary
+    head = found.evidence[0]
+    assert head.metric == metric and head.observed > grew * head.baseline
+    peers = next(e for e in found.evidence if e.metric == peers_metric)
+    assert peers.observed < peers_below
+    a = arrays.from_records(records)
+    row = int(np.searchsorted(a.step_end_s, found.detected_s))
+    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+
+
+def _zeroed(records: list[schema.Record], **fields: float) -> list[schema.Record]:
+    """The records with these step-record fields 0, as an SDK that does not time them sends."""
+    return [
+        msgspec.structs.replace(r, **fields) if isinstance(r, schema.StepRecord) else r
+        for r in records
+    ]
+
+
 @pytest.mark.parametrize("mode", ["offline", "online"])
 @pytest.mark.parametrize("job", ["pp-slow1.1-forward", "pp-slow1.1-forward-loaded"])
 def test_a_stage_slowed_by_a_tenth_of_a_step_in_its_forward_pass_is_named(
     job: str, mode: str
 ) -> None:
     records = recorded.records(DATA / job)
-    (found,) = recorded.analyse(mode, records)
-    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [2])
-    assert "forward_time" in found.summary and "its own earlier steps" in found.summary
-    head = found.evidence[0]
-    assert head.metric == "forward_time" and head.observed > 1.5 * head.baseline
-    peers = next(e for e in found.evidence if e.metric == "peers_forward_ratio")
-    assert peers.observed < 1.2  # the other stages' forward passes did not grow
-    a = arrays.from_records(records)
-    row = int(np.searchsorted(a.step_end_s, found.detected_s))
-    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+    # The other stages' forward passes did not grow.
+    _named_from_its_own(
+        mode, records, 2, "forward_time", "peers_forward_ratio", grew=1.5, peers_below=1.2
+    )
     # Compared with its peers alone (the forward shift off), the stage is not reported.
     assert recorded.analyse(mode, records, OFF) == []
 
@@ -78,35 +105,24 @@ def test_a_clean_pipeline_on_a_loaded_host_has_no_finding(mode: str) -> None:
     assert not shifted.flags.any()
 
 
-def _without_pipeline_time(records: list[schema.Record]) -> list[schema.Record]:
-    """The records as an SDK that does not time pipeline schedules sends them."""
-    return [
-        msgspec.structs.replace(
-            r, pipeline_s=0.0, pipeline_cpu_wait_s=0.0, pipeline_comm_wait_s=0.0
-        )
-        if isinstance(r, schema.StepRecord)
-        else r
-        for r in records
-    ]
-
-
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_a_stage_slowed_after_its_optimizer_step_is_named_from_its_time_outside_the_schedule(
     mode: str,
 ) -> None:
     records = recorded.records(DATA / "pp-slow1.1-optimizer")
-    (found,) = recorded.analyse(mode, records)
-    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [0])
-    assert "outside_pipeline_time" in found.summary and "its own earlier steps" in found.summary
-    head = found.evidence[0]
-    assert head.metric == "outside_pipeline_time" and head.observed > 3 * head.baseline
-    peers = next(e for e in found.evidence if e.metric == "peers_outside_pipeline_ratio")
-    assert peers.observed < 1.3  # the other stages' own time outside did not grow
-    a = arrays.from_records(records)
-    row = int(np.searchsorted(a.step_end_s, found.detected_s))
-    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+    # The other stages' own time outside did not grow.
+    _named_from_its_own(
+        mode,
+        records,
+        0,
+        "outside_pipeline_time",
+        "peers_outside_pipeline_ratio",
+        grew=3,
+        peers_below=1.3,
+    )
     # Its schedule untimed (an older SDK), the stage is not reported.
-    assert recorded.analyse(mode, _without_pipeline_time(records)) == []
+    untimed = _zeroed(records, pipeline_s=0.0, pipeline_cpu_wait_s=0.0, pipeline_comm_wait_s=0.0)
+    assert recorded.analyse(mode, untimed) == []
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
@@ -122,23 +138,18 @@ def test_a_stage_slowed_in_its_backward_passes_is_named_from_its_own_time_there(
     mode: str,
 ) -> None:
     records = recorded.records(DATA / "pp-slow1.1-backward")
-    (found,) = recorded.analyse(mode, records)
-    assert (found.kind, found.subjects.ranks) == (schema.FindingKind.STRAGGLER, [3])
-    assert "stage_backward_time" in found.summary and "its own earlier steps" in found.summary
-    head = found.evidence[0]
-    assert head.metric == "stage_backward_time" and head.observed > 1.5 * head.baseline
-    peers = next(e for e in found.evidence if e.metric == "peers_stage_backward_ratio")
-    assert peers.observed < 1.2  # the other stages' own backward times did not grow
-    a = arrays.from_records(records)
-    row = int(np.searchsorted(a.step_end_s, found.detected_s))
-    assert int(a.steps[row]) - ONSET <= 20, found.detected_s
+    # The other stages' own backward times did not grow.
+    _named_from_its_own(
+        mode,
+        records,
+        3,
+        "stage_backward_time",
+        "peers_stage_backward_ratio",
+        grew=1.5,
+        peers_below=1.2,
+    )
     # Its backward passes untimed (an older SDK), the stage is not reported.
-    untimed = [
-        msgspec.structs.replace(r, stage_backward_s=0.0, stage_backward_wait_s=0.0)
-        if isinstance(r, schema.StepRecord)
-        else r
-        for r in records
-    ]
+    untimed = _zeroed(records, stage_backward_s=0.0, stage_backward_wait_s=0.0)
     assert recorded.analyse(mode, untimed) == []
 
 
