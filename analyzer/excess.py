@@ -8,7 +8,9 @@ The evidence (`evident`, whichever comes first) is either their accumulated exce
 run of its last 1..`evidence_steps` steps (a CUSUM that forgets), past `evidence_threshold`; or,
 since the clip caps the slow steps of a rank slow only every few steps while its other steps
 give back as much, `periodic_excursions` of its last `evidence_steps` steps at the clip on one
-phase of a period (`shape.period`). Pure numpy over `StepArrays`.
+phase of a period (`shape.period`). A steady straggler flagged in fewer steps than persistence
+asks (`strong_hits`, short of `min_hits`) needs `strong_evidence` times the accumulated excess
+(`strongly_evident`). Pure numpy over `StepArrays`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,25 @@ def evident(
     return _periodic(steps, x, at, last, cfg)
 
 
+def strongly_evident(
+    x: robust.FloatArray, at: int, last: int, cfg: config_mod.StragglerConfig, *, skip: int = 0
+) -> tuple[int, schema.Evidence] | None:
+    """The first row from `at` to `last` by which a steady straggler flagged in only
+    `cfg.strong_hits` of its last `window` steps carries `cfg.strong_evidence` times the
+    evidence (the accumulated excess of its scores `x`, one column, past its first `skip`
+    rows: a rank slow only while the job starts up carries none), and that evidence; None:
+    never."""
+    x = x.copy()
+    x[:skip] = np.nan
+    accumulated = accumulate(x[:, None], cfg, steady=True)[:, 0]
+    bar = cfg.strong_evidence * cfg.evidence_threshold
+    reached = np.flatnonzero(accumulated[at : last + 1] > bar)
+    if not reached.size:
+        return None
+    row = at + int(reached[0])
+    return row, _accumulated_evidence(float(accumulated[row]), cfg, steady=True, strong=True)
+
+
 def _periodic(
     steps: npt.NDArray[np.int64],
     x: robust.FloatArray,
@@ -114,15 +135,24 @@ def _periodic(
 
 
 def _accumulated_evidence(
-    value: float, cfg: config_mod.StragglerConfig, *, steady: bool
+    value: float, cfg: config_mod.StragglerConfig, *, steady: bool, strong: bool = False
 ) -> schema.Evidence:
+    """`strong`: carried by a straggler flagged in `strong_hits` of its window's steps, whose
+    threshold is `strong_evidence` times the usual one."""
+    bar = cfg.evidence_threshold * (cfg.strong_evidence if strong else 1.0)
     return findings.evidence(
         "accumulated_excess",
         value,
-        cfg.evidence_threshold,
+        bar,
         note="per-step compute over the peers' median, in robust standard deviations, "
         f"less {cfg.evidence_allowance:g} a step, summed over its last "
         f"{cfg.evidence_steps} steps at most (CUSUM"
         + (", its largest step left out" if steady else "")
-        + "); the threshold as the baseline",
+        + "); the threshold as the baseline"
+        + (
+            f" ({cfg.strong_evidence:g}x the usual: flagged in {cfg.strong_hits}, not yet "
+            f"{cfg.min_hits}, of {cfg.window} steps)"
+            if strong
+            else ""
+        ),
     )

@@ -80,7 +80,8 @@ class JobStream:
         }
         self.hits = {k: np.zeros(0, dtype=np.int32) for k in stragglers.RANK_KINDS}
         # Whether each rank's current run of hits (an episode, as `robust.persistent_episodes`
-        # has it) has been persistent: its hits can dip below `min_hits` and the episode go on.
+        # has it) has been persistent (`stragglers.persistence_hits`): its hits can dip below
+        # that and the episode go on.
         self.reached = {k: np.zeros(0, dtype=bool) for k in stragglers.RANK_KINDS}
         # Persistent ranks the last detection did not report (`_unreported`): retried.
         self.unreported = False
@@ -334,14 +335,15 @@ class JobStream:
             flags = scores.flags(kind)[0, :n]
             if self.num_analysed <= self.cfg.straggler.warmup_steps:
                 flags = np.zeros_like(flags)  # start-up (StragglerConfig.warmup_steps)
-            before = hits >= self.cfg.straggler.min_hits
+            need = stragglers.persistence_hits(kind, self.cfg.straggler)
+            before = hits >= need
             quiet = hits == 0
             hits = hits - ring[slot] + flags
             ring[slot] = flags
-            newly |= bool((~before & (hits >= self.cfg.straggler.min_hits)).any())
+            newly |= bool((~before & (hits >= need)).any())
             self.flag_ring[kind], self.hits[kind] = ring, hits
             reached = np.pad(self.reached[kind], (0, n - self.reached[kind].size))
-            self.reached[kind] = (reached | (hits >= self.cfg.straggler.min_hits)) & (hits > 0)
+            self.reached[kind] = (reached | (hits >= need)) & (hits > 0)
             if kind is Kind.STRAGGLER:  # a run of hits begins at its first flagged step
                 if self.began.size < n:
                     self.began = np.pad(
@@ -393,7 +395,7 @@ class JobStream:
     def _unreported(self) -> bool:
         """Whether a rank's episode has been persistent with no open finding of that kind. Its
         episode can fail a check of the finding's own and pass it steps later, as offline
-        analysis of the whole run finds, also after its hits dipped below `min_hits`: the
+        analysis of the whole run finds, also after its hits dipped below persistence: the
         median over the episode so far (`stragglers._moved_up`), which an intermittent
         straggler's first steps keep at the baseline, its slow steps' period
         (`excess.evident`), or a wait for a CPU that has not yet lasted

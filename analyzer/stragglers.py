@@ -12,7 +12,8 @@ over its last few steps, and there compute high at `small_group_z` counts where 
 same work, and at `corroborated_z` when the rank's wait is as low); a rank flagged in
 `min_hits` of the last `window` steps is reported, a compute straggler once its unsmoothed
 steps also carry the evidence (`excess.py`: a CUSUM of its excess over its peers' median, so a
-clean rank's short run of high jitter is not one, or its slow steps' period); a job's first
+clean rank's short run of high jitter is not one, or its slow steps' period), or flagged in
+`strong_hits` of them once they carry `strong_evidence` times as much; a job's first
 `warmup_steps` steps (start-up) flag nothing. Causes are told apart: compute
 stragglers (with GPU throttling noted from NVML clocks), data-loader stalls, and compute that
 only follows a larger share of tokens (sequence-length imbalance, reported for the job rather
@@ -358,14 +359,19 @@ def detect(
             flags = flags.copy()
             flags[:skip] = False
         hits = robust.rolling_hits(flags, cfg.window)
-        for col in np.flatnonzero((hits >= cfg.min_hits).any(axis=0)).tolist():
-            for first, last, at in robust.persistent_episodes(
-                flags[:, col], hits[:, col], cfg.min_hits
-            ):
+        need = persistence_hits(kind, cfg)
+        for col in np.flatnonzero((hits >= need).any(axis=0)).tolist():
+            for first, last, at in robust.persistent_episodes(flags[:, col], hits[:, col], need):
                 extra: list[schema.Evidence] = []
                 spread: shape.Shape | None = None  # the episode's shape, once read
                 own: Own | None = None  # a shift's signal and its own earlier level
+                # Where it was flagged in `min_hits` of `window` steps (None: only in
+                # `strong_hits`, which only a steady compute straggler's evidence carries).
+                full = _reached(hits[:, col], first, last, cfg.min_hits)
                 if kind is Kind.STRAGGLER and _starved(a, scores, slice(first, last + 1), col):
+                    if full is None:
+                        continue
+                    at = full
                     began = float(a.step_start_s[first])
                     if began_s is not None and col < began_s.size:
                         began = float(np.fmin(began, began_s[col]))  # NaN: unknown
@@ -376,6 +382,9 @@ def detect(
                 elif kind is Kind.STRAGGLER and _shifted(scores, slice(first, last + 1), col):
                     # Its claim is its own change, against its peers' (forward_shift.py): its
                     # peers' compute, doing other work, is no yardstick for its evidence.
+                    if full is None:
+                        continue
+                    at = full
                     own = _own_signal(a, scores, first, last, col, cfg)
                     if own is None:
                         continue
@@ -390,10 +399,17 @@ def detect(
                     accumulated = excess.accumulate(x[:, col : col + 1], cfg, steady=steady)
                     # Its evidence may come in any step it is still persistent in, flagged or
                     # not (an intermittent straggler's 6th slow step, between its flags).
-                    held = _held_until(hits[:, col], last, cfg.min_hits)
-                    carried = excess.evident(
-                        a.steps, x[:, col], accumulated[:, 0], at, held, cfg, steady=steady
-                    )
+                    carried = None
+                    if full is not None:
+                        held = _held_until(hits[:, col], last, cfg.min_hits)
+                        carried = excess.evident(
+                            a.steps, x[:, col], accumulated[:, 0], full, held, cfg, steady=steady
+                        )
+                    if steady:  # or in `strong_hits` of them, with more evidence
+                        held = _held_until(hits[:, col], last, need)
+                        strong = excess.strongly_evident(x[:, col], at, held, cfg, skip=skip)
+                        if strong is not None and (carried is None or strong[0] < carried[0]):
+                            carried = strong
                     if carried is None:
                         continue
                     at, evidence = carried
@@ -407,6 +423,20 @@ def detect(
                     )
                 )
     return [f for f in out if _moved_up(f, cfg)]
+
+
+def persistence_hits(kind: schema.FindingKind, cfg: config_mod.StragglerConfig) -> int:
+    """How many of the last `window` steps a rank must be flagged in for its episode to be
+    looked at: `strong_hits` for a straggler (reported there only with the stronger evidence,
+    `StragglerConfig.strong_evidence`), else `min_hits`."""
+    return min(cfg.min_hits, cfg.strong_hits) if kind is Kind.STRAGGLER else cfg.min_hits
+
+
+def _reached(hits: npt.NDArray[np.int32], first: int, last: int, min_hits: int) -> int | None:
+    """The first row of rows first..last (an episode) flagged in `min_hits` of the window's
+    steps; None: none was."""
+    reached = np.flatnonzero(hits[first : last + 1] >= min_hits)
+    return first + int(reached[0]) if reached.size else None
 
 
 def _held_until(hits: npt.NDArray[np.int32], last: int, min_hits: int) -> int:

@@ -46,6 +46,8 @@ def test_synchronous_steps_end_together_and_the_slowest_waits_least() -> None:
     [
         (lambda: config.StragglerConfig(min_hits=9, window=8), "min_hits must be in"),
         (lambda: config.StragglerConfig(small_group_z=4.5), "small_group_z must be in"),
+        (lambda: config.StragglerConfig(strong_hits=13), "strong_hits must be in"),
+        (lambda: config.StragglerConfig(strong_evidence=0.5), "strong_evidence must be >= 1"),
         (lambda: config.HangConfig(factor=0.5), "factor must be >= 1"),
         (lambda: config.MfuConfig(min_drop=1.5), "min_drop must be in"),
         (lambda: config.AnalyzerConfig(stream_window_steps=10), "stream_window_steps must be >="),

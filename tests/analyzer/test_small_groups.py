@@ -41,15 +41,23 @@ from vigil import schema
 from vigil.analyzer import arrays, config, robust, stragglers
 
 DATA = recorded.DATA / "jsonl_pipeline"
+# Reported only once flagged in `min_hits` of the window's steps (before `strong_hits`).
+FULL_HITS = config.StragglerConfig().min_hits
 # As scored before: each step's own MAD, compute alone, no accumulated-excess test.
 PER_STEP = config.AnalyzerConfig(
     straggler=config.StragglerConfig(
-        scale_samples=1, corroborated_z=4.0, small_group_z=4.0, evidence_threshold=0.0
+        scale_samples=1,
+        corroborated_z=4.0,
+        small_group_z=4.0,
+        evidence_threshold=0.0,
+        strong_hits=FULL_HITS,
     )
 )
 # ... and without its forward pass compared with its own earlier steps (forward_shift.py).
 COMPUTE_ALONE = config.AnalyzerConfig(
-    straggler=config.StragglerConfig(corroborated_z=4.0, small_group_z=4.0, min_shift=9.0)
+    straggler=config.StragglerConfig(
+        corroborated_z=4.0, small_group_z=4.0, min_shift=9.0, strong_hits=FULL_HITS
+    )
 )
 # Compute outliers of small groups at z 4 alone (before `small_group_z`).
 AT_Z4 = config.AnalyzerConfig(straggler=config.StragglerConfig(small_group_z=4.0))
