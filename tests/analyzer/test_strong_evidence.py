@@ -32,7 +32,7 @@ LOADED_HOST = recorded.DATA / "jsonl_loaded_host" / "fsdp_tp-cpu-hog"
 ONSET = 8
 CFG = config.StragglerConfig()
 # Reported only once flagged in `min_hits` of the window's steps (the rule off).
-FULL_HITS = config.AnalyzerConfig(straggler=dataclasses.replace(CFG, strong_hits=CFG.min_hits))
+RULE_OFF = config.AnalyzerConfig(straggler=dataclasses.replace(CFG, strong_hits=CFG.min_hits))
 
 
 def _detected_step(records: list[schema.Record], found: schema.Finding) -> int:
@@ -55,7 +55,7 @@ def test_a_ddp_rank_a_tenth_slower_is_named_once_its_steps_carry_twice_the_evide
     assert evidence.baseline == CFG.strong_evidence * CFG.evidence_threshold
     assert evidence.observed > evidence.baseline
     # Flagged in 8 of 12 steps first, it was named more than 20 steps after the onset.
-    (late,) = analyse(mode, records, FULL_HITS)
+    (late,) = analyse(mode, records, RULE_OFF)
     assert late.subjects.ranks == [0]
     assert _detected_step(records, late) - ONSET > 20
 
