@@ -240,6 +240,10 @@ def _worker(
                 checksums = dict(enumerate(gathered))
             if rank == 0:
                 results.put(("ok", (figures, checksums)))
+            # A rank that reached the interpreter's exit while gloo's worker still had to drop
+            # its last collective's tensors (which takes the GIL) aborted; the barrier's wait
+            # hands the GIL over first.
+            dist.barrier()
         finally:
             dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which raises it with context

@@ -92,11 +92,14 @@ def launch_local(nproc: int, args: Sequence[str], *, timeout_s: float | None = N
             codes = [p.poll() for p in procs]
             # Peers of a crashed rank fail too (exit 1, "connection closed"); when both are seen
             # in one poll, the specific code of the rank that failed first is the job's.
-            failed = sorted((c for c in codes if c not in (None, 0)), key=lambda c: c == 1)
+            failed = sorted(
+                ((c, r) for r, c in enumerate(codes) if c not in (None, 0)), key=lambda f: f[0] == 1
+            )
             if failed:
-                log.error("a rank exited with %d: stopping the others", failed[0])
+                code, rank = failed[0]
+                log.error("rank %d exited with %d: stopping the others", rank, code)
                 _stop_all(procs)
-                return int(failed[0] or 1)
+                return int(code or 1)
             if all(c == 0 for c in codes):
                 return 0
             if deadline is not None and time.monotonic() > deadline:

@@ -74,6 +74,7 @@ def test_injected_crash_then_restart_resumes_and_matches_the_reference(tmp_path:
     first = _vigil_train(*common, env={"VIGIL_FAULTS": "crash:rank=1,step=5"})
     assert first.returncode == faults.CRASH_EXIT_CODE, first.stderr[-2000:]
     assert "injected crash: rank 1 exits at step 5" in first.stderr
+    assert f"rank 1 exited with {faults.CRASH_EXIT_CODE}" in first.stderr
     # Step 4's async save may still be in flight when rank 1 dies, and then never commits.
     resume_step = checkpoint.committed_steps(ckpt)[-1]
     assert resume_step in (2, 4)
